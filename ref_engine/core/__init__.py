@@ -1,0 +1,14 @@
+"""The torch-free policy core shared by the real engine and the simulator (see DESIGN.md)."""
+
+from ref_engine.core.config import EngineConfig
+from ref_engine.core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
+from ref_engine.core.metrics import RunMetrics, StepRecord, relative_error
+from ref_engine.core.request import Request, RequestStatus
+from ref_engine.core.scheduler import Scheduler, StaticScheduler, make_scheduler
+from ref_engine.core.workload import Exponential, Workload, WorkloadRequest
+
+__all__ = [
+    "EngineConfig", "Exponential", "Request", "RequestStatus", "RunMetrics", "ScheduledRequest", "Scheduler",
+    "SchedulerOutput", "StaticScheduler", "StepRecord", "StepResult", "Workload", "WorkloadRequest",
+    "make_scheduler", "relative_error",
+]

@@ -1,0 +1,79 @@
+"""`EngineConfig`: every scheduling and memory knob, with vLLM's names, checked once on construction.
+
+The same object configures the real engine and the simulator, so a sweep in a notebook changes one value
+and both sides see it. Defaults suit a small machine; vLLM's own defaults are noted where they differ.
+
+Lesson: lessons/07-tuning-knobs.md (what each knob trades).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+SchedulingPolicy = Literal["continuous", "static"]
+PreemptionMode = Literal["recompute", "swap"]
+KVAllocation = Literal["paged", "contiguous", "contiguous_exact"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Knobs of one engine instance.
+
+    `num_kv_blocks` fixes the pool size exactly (tests and lessons use it); otherwise the engine sizes the
+    pool from `kv_cache_memory` bytes, as vLLM does from `gpu_memory_utilization`.
+    """
+
+    block_size: int = 16
+    max_num_seqs: int = 64  # vLLM: 256 on GPUs
+    max_num_batched_tokens: int = 512  # the per-step token budget; vLLM: 8192 with chunked prefill
+    max_model_len: int = 2048
+    kv_cache_memory: int | None = None  # bytes for the KV pool (None: 256 MiB on CPU)
+    num_kv_blocks: int | None = None  # exact pool size; overrides kv_cache_memory
+    num_swap_blocks: int | None = None  # host pool for preemption_mode="swap" (None: as many as the device pool)
+    enable_chunked_prefill: bool = True
+    preemption_mode: PreemptionMode = "recompute"
+    scheduling: SchedulingPolicy = "continuous"
+    kv_allocation: KVAllocation = "paged"  # "contiguous*" reserve whole sequences up front (lesson 2)
+    enable_prefix_caching: bool = False  # content-hashed block reuse; not built yet (issue: prefix caching)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        positive = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
+        for knob in positive:
+            value = getattr(self, knob)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{knob} must be a positive integer, got {value!r}")
+        for knob in ("kv_cache_memory", "num_kv_blocks"):
+            value = getattr(self, knob)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{knob} must be a positive integer or None, got {value!r}")
+        if self.num_swap_blocks is not None and (not isinstance(self.num_swap_blocks, int)
+                                                 or self.num_swap_blocks < 0):
+            raise ValueError(f"num_swap_blocks must be a non-negative integer or None, got {self.num_swap_blocks!r}")
+        _check_choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
+        _check_choice("scheduling", self.scheduling, ("continuous", "static"))
+        _check_choice("kv_allocation", self.kv_allocation, ("paged", "contiguous", "contiguous_exact"))
+        if self.enable_prefix_caching:
+            raise ValueError("enable_prefix_caching=True is not supported yet: prefix caching is not built")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
+                f"({self.max_model_len}) when enable_chunked_prefill=False, or a long prompt could never "
+                "be scheduled")
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        """A copy with some knobs changed (validated again); unknown knob names are an error."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ValueError(f"unknown engine knob(s) {unknown}; known: {sorted(known)}")
+        return EngineConfig(**{**asdict(self), **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _check_choice(knob: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{knob} must be one of {choices}, got {value!r}")

@@ -1,0 +1,73 @@
+"""The seam between policy and execution: what the scheduler decided, and what the step produced.
+
+`SchedulerOutput` is everything an executor needs to run one step, and `StepResult` everything the
+scheduler needs back. Both are plain data: the real runner turns a `SchedulerOutput` into tensors, the
+simulator turns it into a `BatchShape` for the cost model, and neither can tell who made it.
+
+Lesson: lessons/06-architecture-map.md (the boxes and the arrows between them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request's share of a step: run `token_ids`, which sit at positions
+    num_computed_tokens .. num_computed_tokens + len(token_ids) - 1 of the sequence."""
+
+    request_id: str
+    token_ids: list[int]
+    num_computed_tokens: int  # tokens whose K/V is already cached (the position of token_ids[0])
+    block_ids: list[int]  # the request's whole block table after this step's allocation
+    needs_logits: bool  # this chunk reaches the last known token, so the step samples a new one
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def is_prefill(self) -> bool:
+        """A chunk of more than one token (a decode step schedules exactly one)."""
+        return len(self.token_ids) > 1
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """One step's plan. Executors apply `swap_out` and `swap_in` copies before running the model."""
+
+    step_id: int
+    scheduled: list[ScheduledRequest]
+    preempted_request_ids: list[str] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, host block)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host block, device block)
+    # memory snapshot after this step's allocation, for KV-utilization plots
+    kv_usage: float = 0.0  # fraction of device blocks in use
+    num_live_tokens: int = 0  # tokens whose K/V sits (or is written this step) in device blocks
+    num_reserved_slots: int = 0  # token slots of all device blocks in use
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.scheduled)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+    @property
+    def batch_shape(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(query lengths, cached context lengths) per request: all a cost model needs to price a step."""
+        return (tuple(len(s.token_ids) for s in self.scheduled),
+                tuple(s.num_computed_tokens for s in self.scheduled))
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """New tokens per request that needed logits (a list, so a speculative step can return several)."""
+
+    sampled_token_ids: dict[str, list[int]]

@@ -1,0 +1,153 @@
+"""`RunMetrics`: one definition of serving performance, filled by the engine and the simulator alike.
+
+Field names follow `vllm bench serve`'s result JSON (`output_throughput`, `mean_ttft_ms`, `p99_itl_ms`, ...)
+so numbers from a real vLLM run can sit in the same table. Definitions, per request:
+- TTFT (time to first token) = first token time - arrival time (queueing + prefill);
+- TPOT (time per output token) = (e2e latency - TTFT) / (output tokens - 1), for requests with 2+ tokens;
+- ITL (inter-token latency): every gap between consecutive tokens of a request, pooled over requests;
+- E2EL = finish time - arrival time; queue time = first scheduled time - arrival time.
+Throughputs divide by the run's duration: first arrival to last finish.
+
+`StepRecord` is one executed step (its batch shape and duration): what calibration fits and what timeline
+plots draw.
+
+Lesson: lessons/01-continuous-batching.md (measuring a server).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from statistics import fmean, median
+
+from ref_engine.core.interfaces import SchedulerOutput
+from ref_engine.core.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step_id: int
+    start: float
+    duration: float
+    query_lens: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    kv_usage: float
+    num_live_tokens: int
+    num_reserved_slots: int
+    num_preempted: int
+
+    @classmethod
+    def from_output(cls, output: SchedulerOutput, start: float, duration: float) -> StepRecord:
+        query_lens, context_lens = output.batch_shape
+        return cls(step_id=output.step_id, start=start, duration=duration, query_lens=query_lens,
+                   context_lens=context_lens, kv_usage=output.kv_usage, num_live_tokens=output.num_live_tokens,
+                   num_reserved_slots=output.num_reserved_slots, num_preempted=len(output.preempted_request_ids))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default), without numpy, so the core stays dependency-free."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _summary(prefix: str, values_s: list[float]) -> dict[str, float]:
+    ms = [v * 1000 for v in values_s]
+    return {
+        f"mean_{prefix}_ms": fmean(ms) if ms else math.nan,
+        f"median_{prefix}_ms": median(ms) if ms else math.nan,
+        f"p90_{prefix}_ms": _percentile(ms, 90),
+        f"p99_{prefix}_ms": _percentile(ms, 99),
+    }
+
+
+@dataclass
+class RunMetrics:
+    completed: int
+    failed: int  # refused at admission or aborted
+    duration: float
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    output_throughput: float
+    total_token_throughput: float
+    mean_ttft_ms: float
+    median_ttft_ms: float
+    p90_ttft_ms: float
+    p99_ttft_ms: float
+    mean_tpot_ms: float
+    median_tpot_ms: float
+    p90_tpot_ms: float
+    p99_tpot_ms: float
+    mean_itl_ms: float
+    median_itl_ms: float
+    p90_itl_ms: float
+    p99_itl_ms: float
+    mean_e2el_ms: float
+    median_e2el_ms: float
+    p90_e2el_ms: float
+    p99_e2el_ms: float
+    mean_queue_ms: float
+    num_preemptions: int
+    num_steps: int
+    mean_kv_usage: float
+    max_kv_usage: float
+    steps: list[StepRecord] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def from_requests(cls, requests: list[Request], steps: list[StepRecord], *, num_failed: int = 0,
+                      duration: float | None = None) -> RunMetrics:
+        """Aggregate finished requests (aborted ones count as failed) and the step log."""
+        done = [r for r in requests if r.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)]
+        failed = num_failed + sum(r.status is RequestStatus.FINISHED_ABORTED for r in requests)
+        if duration is None:
+            duration = (max(r.finish_time for r in done) - min(r.arrival_time for r in requests)) if done else 0.0
+        ttft = [r.first_token_time - r.arrival_time for r in done]
+        e2el = [r.finish_time - r.arrival_time for r in done]
+        tpot = [(r.finish_time - r.first_token_time) / (r.num_output_tokens - 1)
+                for r in done if r.num_output_tokens > 1]
+        itl = [b - a for r in done for a, b in zip(r.token_times, r.token_times[1:])]
+        queue = [r.first_scheduled_time - r.arrival_time for r in done]
+        n_in = sum(r.num_prompt_tokens for r in done)
+        n_out = sum(r.num_output_tokens for r in done)
+        per_s = (lambda x: x / duration) if duration > 0 else (lambda x: math.nan)
+        usage = [s.kv_usage for s in steps]
+        return cls(
+            completed=len(done), failed=failed, duration=duration,
+            total_input_tokens=n_in, total_output_tokens=n_out,
+            request_throughput=per_s(len(done)), output_throughput=per_s(n_out),
+            total_token_throughput=per_s(n_in + n_out),
+            **_summary("ttft", ttft), **_summary("tpot", tpot), **_summary("itl", itl),
+            **_summary("e2el", e2el),
+            mean_queue_ms=fmean(queue) * 1000 if queue else math.nan,
+            num_preemptions=sum(r.num_preemptions for r in requests),
+            num_steps=len(steps),
+            mean_kv_usage=fmean(usage) if usage else 0.0,
+            max_kv_usage=max(usage, default=0.0),
+            steps=steps,
+        )
+
+    def to_dict(self) -> dict[str, float | int]:
+        """The scalar fields (the step log left out), for tables and JSON."""
+        d = asdict(self)
+        del d["steps"]
+        return d
+
+
+def relative_error(simulated: float, measured: float) -> float:
+    """(simulated - measured) / measured, in percent: the error column every lesson prints."""
+    if measured == 0 or math.isnan(measured) or math.isnan(simulated):
+        return math.nan
+    return 100.0 * (simulated - measured) / measured

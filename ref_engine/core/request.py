@@ -1,0 +1,113 @@
+"""`Request`: one sequence's tokens, progress and timestamps, as the scheduler sees it.
+
+The one number that drives scheduling is `num_computed_tokens`: how many of the request's known tokens
+(prompt + generated so far) already have their K/V in the cache. A step gives a request N >= 1 new tokens;
+prefill chunks, decode steps and (later) speculative verification are all that same move. Preemption by
+recompute just sets it back to 0: the generated tokens are kept and recomputed as if they were prompt.
+
+Timestamps are plain floats of whatever clock the caller uses: wall-clock seconds in the engine, SimPy
+time in the simulator, so `metrics.py` computes TTFT and ITL the same way for both.
+
+Lesson: lessons/01-continuous-batching.md (a request's life).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # queued (new, or preempted by recompute)
+    RUNNING = "running"  # holds KV blocks on the device
+    SWAPPED = "swapped"  # preempted by swap: its KV blocks wait in the host pool
+    FINISHED_STOPPED = "finished_stopped"  # EOS or a stop token/string
+    FINISHED_LENGTH = "finished_length"  # max_tokens reached
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """vLLM's `finish_reason` strings."""
+        return {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH: "length",
+                RequestStatus.FINISHED_ABORTED: "abort"}.get(self)
+
+
+_FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+
+
+@dataclass(eq=False)
+class Request:
+    """A sequence to serve. `sampling_params` is opaque to the core: only the engine's sampler reads it."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    arrival_time: float = 0.0
+    eos_token_ids: frozenset[int] = frozenset()
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    tenant: str | None = None
+    sampling_params: Any = None
+
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    num_preemptions: int = 0
+
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)  # when each output token was produced
+    finish_time: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError(f"request {self.request_id!r}: prompt_token_ids is empty")
+        if self.max_tokens < 1:
+            raise ValueError(f"request {self.request_id!r}: max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Known tokens: prompt plus generated."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def max_total_tokens(self) -> int:
+        """The most tokens this request can ever hold in the cache (what a reserving allocator reserves)."""
+        return len(self.prompt_token_ids) + self.max_tokens
+
+    def token_ids(self, start: int, stop: int) -> list[int]:
+        """Known tokens in [start, stop): prompt first, then output."""
+        n_prompt = len(self.prompt_token_ids)
+        if stop <= n_prompt:
+            return self.prompt_token_ids[start:stop]
+        if start >= n_prompt:
+            return self.output_token_ids[start - n_prompt: stop - n_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: stop - n_prompt]
+
+    def append_output_token(self, token_id: int, now: float) -> None:
+        """Record a generated token and set a finished status if it ends the request."""
+        self.output_token_ids.append(token_id)
+        self.token_times.append(now)
+        if self.first_token_time is None:
+            self.first_token_time = now
+        n_out = len(self.output_token_ids)
+        if n_out >= self.min_tokens and (
+            token_id in self.stop_token_ids or (not self.ignore_eos and token_id in self.eos_token_ids)
+        ):
+            self.status = RequestStatus.FINISHED_STOPPED
+        elif n_out >= self.max_tokens:
+            self.status = RequestStatus.FINISHED_LENGTH

@@ -1,0 +1,251 @@
+"""The scheduler: which requests run this step, and how many tokens each.
+
+One rule covers everything: each request has `num_computed_tokens`, and a step gives each scheduled request
+N >= 1 new tokens under one token budget (`max_num_batched_tokens`). A whole prompt, a prefill chunk and a
+decode token differ only in N.
+
+`Scheduler` is **continuous batching** (Orca's iteration-level scheduling, as in vLLM):
+1. running requests first, in admission order: each gets its remaining tokens (1 when decoding, the rest
+   of its prompt when prefilling), cut to the budget left (chunked prefill);
+2. if a running request needs a KV block and none is free, the most recently admitted running request is
+   preempted: by recompute (free its blocks, requeue it at the head, recompute prompt + output later) or
+   by swap (copy its blocks to the host pool; recompute when the host pool is full);
+3. if nothing was preempted, waiting requests are admitted in arrival order while budget, `max_num_seqs`
+   and free blocks last. A request joins the batch the step after another leaves: no bubbles.
+
+`StaticScheduler` is the baseline lesson 1 contrasts: it forms a batch, reserves each member's whole
+prompt + max_tokens up front, and admits nobody until every member has finished.
+
+Both are plain Python with no clock and no tensors: callers pass `now`, so the real engine (wall clock)
+and the simulator (SimPy clock) drive the very same objects.
+
+Lesson: lessons/01-continuous-batching.md; preemption in lessons/02-paged-attention.md.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ref_engine.core.config import EngineConfig
+from ref_engine.core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
+from ref_engine.core.kv_cache_manager import KVCacheManager
+from ref_engine.core.request import Request, RequestStatus
+
+
+class Scheduler:
+    """Continuous batching with chunked prefill and preemption."""
+
+    def __init__(self, config: EngineConfig, num_kv_blocks: int) -> None:
+        self.config = config
+        if config.preemption_mode == "swap":
+            num_swap = num_kv_blocks if config.num_swap_blocks is None else config.num_swap_blocks
+        else:
+            num_swap = 0
+        self.kv_cache_manager = KVCacheManager(
+            config.block_size, num_kv_blocks, num_swap_blocks=num_swap,
+            allocation=config.kv_allocation, max_model_len=config.max_model_len)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}  # unfinished requests by id
+        self.num_preemptions = 0
+        self.num_steps = 0
+
+    # ---- requests in and out ----
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request, or refuse it with a ValueError if it could never run on this engine.
+
+        `max_tokens` is cut so that prompt + output fit `max_model_len`, as vLLM does.
+        """
+        cfg = self.config
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        if request.num_prompt_tokens >= cfg.max_model_len:
+            raise ValueError(
+                f"prompt of request {request.request_id!r} has {request.num_prompt_tokens} tokens; "
+                f"max_model_len is {cfg.max_model_len}, so it must be at most {cfg.max_model_len - 1}")
+        request.max_tokens = min(request.max_tokens, cfg.max_model_len - request.num_prompt_tokens)
+        needed = self.kv_cache_manager.max_blocks_needed(request)
+        pool = self.kv_cache_manager.block_pool.num_blocks
+        if needed > pool:
+            raise ValueError(
+                f"request {request.request_id!r} needs {needed} KV blocks at its longest "
+                f"({request.max_total_tokens} tokens, kv_allocation={cfg.kv_allocation!r}) but the pool "
+                f"has {pool}; raise num_kv_blocks / kv_cache_memory or lower max_tokens")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort_request(self, request_id: str, now: float = 0.0) -> Request | None:
+        """Stop a request wherever it is; returns it, or None if it is unknown or already finished."""
+        return self.finish_request(request_id, RequestStatus.FINISHED_ABORTED, now)
+
+    def finish_request(self, request_id: str, status: RequestStatus, now: float) -> Request | None:
+        """End a request from outside the step loop (abort, or a stop string the engine detected)."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        if request in self.running:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        request.status = status
+        self._release(request, now)
+        return request
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # ---- one step ----
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        """Spend this step's token budget; see the module docstring for the order."""
+        budget = self.config.max_num_batched_tokens
+        planned: list[tuple[Request, int]] = []
+        preempted: list[str] = []
+        swap_out: list[tuple[int, int]] = []
+        swap_in: list[tuple[int, int]] = []
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            while self.kv_cache_manager.allocate_slots(request, n) is None:
+                victim = self.running.pop()  # the most recently admitted request
+                swap_out += self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is request:
+                    break
+            else:
+                planned.append((request, n))
+                budget -= n
+                i += 1
+
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            n = request.num_tokens - request.num_computed_tokens
+            if n > budget:
+                if not self.config.enable_chunked_prefill:
+                    break
+                n = budget
+            if request.status is RequestStatus.SWAPPED:
+                plan = self.kv_cache_manager.swap_in(request, n)
+                if plan is None:
+                    break
+                swap_in += plan
+            elif self.kv_cache_manager.allocate_slots(request, n) is None:
+                break
+            self._admit(self.waiting.popleft(), now)
+            planned.append((request, n))
+            budget -= n
+
+        return self._make_output(planned, preempted, swap_out, swap_in)
+
+    def update_from_output(self, output: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
+        """Advance every scheduled request by its tokens, append sampled tokens, retire finished ones."""
+        finished = []
+        for scheduled in output.scheduled:
+            request = self.requests.get(scheduled.request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue  # finished or aborted while the step ran
+            request.num_computed_tokens += scheduled.num_scheduled_tokens
+            if scheduled.needs_logits:
+                for token_id in result.sampled_token_ids[scheduled.request_id]:
+                    request.append_output_token(token_id, now)
+                    if request.status.is_finished:
+                        break
+            if request.status.is_finished:
+                self.running.remove(request)
+                self._release(request, now)
+                finished.append(request)
+        self.num_steps += 1
+        return finished
+
+    # ---- helpers ----
+
+    def _admit(self, request: Request, now: float) -> None:
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = now
+
+    def _preempt(self, request: Request) -> list[tuple[int, int]]:
+        """Take a running request off the device; returns the swap-out copy plan (empty for recompute)."""
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+        if self.config.preemption_mode == "swap":
+            plan = self.kv_cache_manager.swap_out(request.request_id)
+            if plan is not None:
+                request.status = RequestStatus.SWAPPED
+                return plan
+        self.kv_cache_manager.free(request.request_id)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        return []
+
+    def _release(self, request: Request, now: float) -> None:
+        self.kv_cache_manager.free(request.request_id)
+        del self.requests[request.request_id]
+        request.finish_time = now
+
+    def _make_output(self, planned: list[tuple[Request, int]], preempted: list[str],
+                     swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> SchedulerOutput:
+        kv = self.kv_cache_manager
+        scheduled = []
+        for request, n in planned:
+            start = request.num_computed_tokens
+            scheduled.append(ScheduledRequest(
+                request_id=request.request_id,
+                token_ids=request.token_ids(start, start + n),
+                num_computed_tokens=start,
+                block_ids=list(kv.get_block_ids(request.request_id)),
+                needs_logits=start + n == request.num_tokens,
+            ))
+        live = sum(r.num_computed_tokens for r in self.running) + sum(n for _, n in planned)
+        return SchedulerOutput(
+            step_id=self.num_steps, scheduled=scheduled, preempted_request_ids=preempted,
+            swap_out=swap_out, swap_in=swap_in, kv_usage=kv.usage, num_live_tokens=live,
+            num_reserved_slots=kv.num_reserved_slots)
+
+
+class StaticScheduler(Scheduler):
+    """Static batching: a batch runs until its last member finishes; nobody joins in between.
+
+    Each member reserves prompt + max_tokens slots when the batch forms, so a static batch never preempts
+    (and, like the servers before vLLM, holds memory its requests may never use).
+    """
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        kv = self.kv_cache_manager
+        if not self.running:
+            while self.waiting and len(self.running) < self.config.max_num_seqs:
+                request = self.waiting[0]
+                if kv.allocate_slots(request, request.max_total_tokens - request.num_computed_tokens) is None:
+                    break
+                self._admit(self.waiting.popleft(), now)
+
+        budget = self.config.max_num_batched_tokens
+        planned = []
+        for request in self.running:
+            remaining = request.num_tokens - request.num_computed_tokens
+            n = min(remaining, budget)
+            if n == 0 or (n < remaining and not self.config.enable_chunked_prefill):
+                continue
+            kv.allocate_slots(request, n)  # within the reservation: takes no new block
+            planned.append((request, n))
+            budget -= n
+        return self._make_output(planned, [], [], [])
+
+
+def make_scheduler(config: EngineConfig, num_kv_blocks: int) -> Scheduler:
+    """The scheduler `config.scheduling` names."""
+    cls = StaticScheduler if config.scheduling == "static" else Scheduler
+    return cls(config, num_kv_blocks)
