@@ -27,7 +27,7 @@ class EngineConfig:
     block_size: int = 16
     max_num_seqs: int = 64  # vLLM: 256 on GPUs
     max_num_batched_tokens: int = 512  # the per-step token budget; vLLM: 8192 with chunked prefill
-    max_model_len: int = 2048
+    max_model_len: int | None = None  # None: the model's max_position_embeddings (vLLM's default)
     kv_cache_memory: int | None = None  # bytes for the KV pool (None: 256 MiB on CPU)
     num_kv_blocks: int | None = None  # exact pool size; overrides kv_cache_memory
     num_swap_blocks: int | None = None  # host pool for preemption_mode="swap" (None: as many as the device pool)
@@ -39,12 +39,12 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        positive = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
+        positive = ("block_size", "max_num_seqs", "max_num_batched_tokens")
         for knob in positive:
             value = getattr(self, knob)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{knob} must be a positive integer, got {value!r}")
-        for knob in ("kv_cache_memory", "num_kv_blocks"):
+        for knob in ("max_model_len", "kv_cache_memory", "num_kv_blocks"):
             value = getattr(self, knob)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{knob} must be a positive integer or None, got {value!r}")
@@ -56,11 +56,22 @@ class EngineConfig:
         _check_choice("kv_allocation", self.kv_allocation, ("paged", "contiguous", "contiguous_exact"))
         if self.enable_prefix_caching:
             raise ValueError("enable_prefix_caching=True is not supported yet: prefix caching is not built")
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+        if (not self.enable_chunked_prefill and self.max_model_len is not None
+                and self.max_num_batched_tokens < self.max_model_len):
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
                 f"({self.max_model_len}) when enable_chunked_prefill=False, or a long prompt could never "
                 "be scheduled")
+
+    def for_model(self, max_position_embeddings: int) -> EngineConfig:
+        """This config with `max_model_len` settled for a model: the model's limit when unset, and an
+        error when set beyond it. Engine and simulator both call this before building a scheduler."""
+        if self.max_model_len is None:
+            return self.replace(max_model_len=max_position_embeddings)
+        if self.max_model_len > max_position_embeddings:
+            raise ValueError(f"max_model_len ({self.max_model_len}) exceeds the model's "
+                             f"max_position_embeddings ({max_position_embeddings})")
+        return self
 
     def replace(self, **changes: Any) -> EngineConfig:
         """A copy with some knobs changed (validated again); unknown knob names are an error."""

@@ -36,6 +36,8 @@ class Scheduler:
     """Continuous batching with chunked prefill and preemption."""
 
     def __init__(self, config: EngineConfig, num_kv_blocks: int) -> None:
+        if config.max_model_len is None:
+            raise ValueError("max_model_len is unset: call config.for_model(...) before building a scheduler")
         self.config = config
         if config.preemption_mode == "swap":
             num_swap = num_kv_blocks if config.num_swap_blocks is None else config.num_swap_blocks

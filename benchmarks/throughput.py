@@ -1,0 +1,77 @@
+"""Output tokens/s on a mixed workload: continuous vs static scheduling in our engine, and transformers'
+`generate()` in static batches of the same size, on the same weights and the same prompts.
+
+    python benchmarks/throughput.py [--dtype float32|bfloat16] [--batch-size 16] [--num-requests 64]
+
+Prints one table; copy it with the machine and the command into benchmarks/RESULTS.md.
+Each system produces exactly the workload's output lengths (ignore_eos); transformers runs each static
+batch until its longest member is done, and only the tokens a request asked for count as output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import torch
+
+from ref_engine import bench
+from ref_engine.core import EngineConfig, Workload
+from ref_engine.model.loader import load_model
+from ref_engine.model.store import default_model_path
+
+
+def transformers_static(workload: Workload, vocab_size: int, batch_size: int, dtype: torch.dtype) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    path = default_model_path()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
+    requests = workload.make_requests(vocab_size)
+    pad = 0
+    start = time.perf_counter()
+    for i in range(0, len(requests), batch_size):
+        batch = requests[i: i + batch_size]
+        width = max(r.num_prompt_tokens for r in batch)
+        ids = torch.tensor([[pad] * (width - r.num_prompt_tokens) + r.prompt_token_ids for r in batch])
+        mask = torch.tensor([[0] * (width - r.num_prompt_tokens) + [1] * r.num_prompt_tokens for r in batch])
+        longest = max(r.max_tokens for r in batch)
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest,
+                           do_sample=False, pad_token_id=pad)
+    duration = time.perf_counter() - start
+    return {"duration": duration, "output_throughput": workload.total_output_tokens / duration}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    workload = Workload.synthetic(args.num_requests, prompt_len=(32, 512), output_len=(16, 256), seed=args.seed)
+    loaded = load_model(None, dtype=args.dtype)
+    config = EngineConfig(max_num_seqs=args.batch_size, max_num_batched_tokens=512, num_kv_blocks=2048)
+    rows = {}
+    for name, cfg in [("continuous", config), ("static", config.replace(scheduling="static"))]:
+        m = bench.run(workload, cfg, model=loaded)
+        rows[f"engine {name}"] = {"duration": m.duration, "output_throughput": m.output_throughput}
+    del loaded
+    rows["transformers generate (static)"] = transformers_static(
+        workload, 49152, args.batch_size, getattr(torch, args.dtype))
+
+    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+          f"torch {torch.__version__}, dtype {args.dtype}")
+    print(f"workload: {args.num_requests} requests, prompts 32-512, outputs 16-256 (seed {args.seed}), "
+          f"{workload.total_output_tokens} output tokens, batch size {args.batch_size}")
+    print(f"| system | duration (s) | output tok/s | vs transformers |")
+    print("| --- | --- | --- | --- |")
+    ref = rows["transformers generate (static)"]["output_throughput"]
+    for name, r in rows.items():
+        print(f"| {name} | {r['duration']:.1f} | {r['output_throughput']:.1f} | {r['output_throughput'] / ref:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""`serving-lab`: the command line (pull the default model, generate, run the demo, calibrate).
+
+Lesson: lessons/00-orientation.md (how to run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _pull(args: argparse.Namespace) -> None:
+    from ref_engine.model.store import default_model_path
+
+    print(default_model_path())
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from ref_engine import LLM, SamplingParams
+
+    llm = LLM(args.model, dtype=args.dtype)
+    tokenizer = llm.get_tokenizer()
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat else p
+               for p in args.prompts]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    for prompt, out in zip(args.prompts, llm.generate(prompts, params, use_tqdm=False)):
+        print(f"### {prompt}\n{out.outputs[0].text}\n")
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from ref_engine.demo import main as demo_main
+
+    demo_main(out_dir=args.out, model=args.model)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="serving-lab", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("pull", help="download the default SmolLM2-135M-Instruct GGUF into the cache")
+    p.set_defaults(func=_pull)
+
+    p = sub.add_parser("generate", help="generate text with the reference engine")
+    p.add_argument("prompts", nargs="+")
+    p.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--no-chat", dest="chat", action="store_false", help="send the raw prompt, no chat template")
+    p.set_defaults(func=_generate)
+
+    p = sub.add_parser("demo", help="the course demo: engine and simulator side by side, with a report")
+    p.add_argument("--model", default=None)
+    p.add_argument("--out", default="reports/demo", help="folder for the report")
+    p.set_defaults(func=_demo)
+
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"serving-lab: error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

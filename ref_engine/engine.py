@@ -1,0 +1,298 @@
+"""`LLMEngine` and `LLM`: the serving loop around the shared core, on a real model.
+
+One `LLMEngine.step()` is the loop every lesson draws: **schedule -> run the model -> sample -> update**.
+The scheduler and KV cache manager are the torch-free objects of `ref_engine/core` (the simulator runs the
+same ones); this module adds what needs the model: tokenizing prompts, the runner, the sampler, stop
+strings, and the wall clock. Every step is timed and logged as a `StepRecord`, which is what calibrates the
+simulator.
+
+`LLM` is the offline API in vLLM's shape: `LLM(model=None, dtype=..., **engine_knobs).generate(prompts,
+SamplingParams(...))`. Every `EngineConfig` knob is a keyword (`max_num_seqs=8`, `scheduling="static"`, ...).
+
+Lesson: lessons/06-architecture-map.md (the engine loop); lessons/01-continuous-batching.md.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from ref_engine.attention import kv_cache_bytes_per_block
+from ref_engine.core.config import EngineConfig
+from ref_engine.core.interfaces import StepResult
+from ref_engine.core.metrics import StepRecord
+from ref_engine.core.request import Request, RequestStatus
+from ref_engine.core.scheduler import make_scheduler
+from ref_engine.model.loader import LoadedModel, load_model
+from ref_engine.outputs import CompletionOutput, RequestOutput
+from ref_engine.runner import ModelRunner
+from ref_engine.sampler import Sampler, SamplingMetadata, make_generator
+from ref_engine.sampling_params import SamplingParams
+
+CPU_KV_CACHE_MEMORY = 1 << 30  # bytes for the KV pool on a CPU when the config names no size
+GPU_KV_CACHE_FRACTION = 0.5  # of free device memory after loading the weights
+
+PromptType = str | list[int] | dict[str, Any]
+
+
+@dataclass
+class _RequestState:
+    """What the engine keeps beside the core's `Request`: text, the seeded generator, logprobs."""
+
+    prompt: str | None
+    generator: torch.Generator | None
+    logprobs: list[dict[int, float]] | None
+    stop_reason: int | str | None = None
+    stop_text_end: int | None = None  # where a stop string cut the text
+
+
+class LLMEngine:
+    def __init__(self, model: str | Path | LoadedModel | None = None, *, dtype: str | torch.dtype = "float32",
+                 device: str | torch.device | None = None, config: EngineConfig | None = None,
+                 **knobs: Any) -> None:
+        """`model`: a path, None for the default SmolLM2, or an already `LoadedModel` (so sweeps load the
+        weights once and build one engine per configuration)."""
+        config = config or EngineConfig()
+        self.config = config.replace(**knobs) if knobs else config
+        if isinstance(model, LoadedModel):
+            loaded = model
+            self.device = next(model.model.parameters()).device
+        else:
+            self.device = torch.device(device) if device else torch.device(
+                "cuda" if torch.cuda.is_available() else "cpu")
+            loaded = load_model(model, dtype=dtype, device=self.device)
+        self.model_id = loaded.model_id
+        self.arch = loaded.arch
+        self.tokenizer = loaded.tokenizer
+        self.eos_token_ids = frozenset(loaded.eos_token_ids)
+        self.config = self.config.for_model(self.arch.max_position_embeddings)
+        self.dtype = next(loaded.model.parameters()).dtype
+        self.num_kv_blocks = self._num_kv_blocks()
+        self.scheduler = make_scheduler(self.config, self.num_kv_blocks)
+        self.runner = ModelRunner(
+            loaded.model, self.arch, num_kv_blocks=self.num_kv_blocks,
+            num_swap_blocks=self.scheduler.kv_cache_manager.host_pool.num_blocks,
+            block_size=self.config.block_size, dtype=self.dtype, device=self.device)
+        self.sampler = Sampler(self.config.seed, self.device)
+        self._states: dict[str, _RequestState] = {}
+        self.step_records: list[StepRecord] = []
+        self._t0 = time.perf_counter()
+
+    # ---- clock ----
+
+    def now(self) -> float:
+        """Seconds since the engine started or `reset_clock` was called (the clock of all timestamps)."""
+        return time.perf_counter() - self._t0
+
+    def reset_clock(self) -> None:
+        """Start a new measurement: time 0 is now and the step log is cleared."""
+        self._t0 = time.perf_counter()
+        self.step_records = []
+
+    # ---- requests ----
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
+                    arrival_time: float | None = None) -> Request:
+        """Validate and queue one request; bad input raises ValueError naming what is wrong, and the engine
+        goes on serving the others."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        params.validate_for_vocab(self.arch.vocab_size)
+        text, token_ids, tenant = self._parse_prompt(prompt)
+        request = Request(
+            request_id=request_id, prompt_token_ids=token_ids, max_tokens=params.max_tokens,
+            arrival_time=self.now() if arrival_time is None else arrival_time,
+            eos_token_ids=self.eos_token_ids, stop_token_ids=frozenset(params.stop_token_ids),
+            ignore_eos=params.ignore_eos, min_tokens=params.min_tokens, tenant=tenant, sampling_params=params)
+        self._enqueue(request, text)
+        return request
+
+    def add_workload_request(self, request: Request) -> None:
+        """Queue a core `Request` built by `Workload.make_requests`: greedy, exactly `max_tokens` tokens."""
+        request.sampling_params = SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True)
+        self._enqueue(request, None)
+
+    def _enqueue(self, request: Request, text: str | None) -> None:
+        self.scheduler.add_request(request)
+        params = request.sampling_params
+        self._states[request.request_id] = _RequestState(
+            prompt=text,
+            generator=make_generator(params.seed, self.device) if params.seed is not None else None,
+            logprobs=[] if params.logprobs is not None else None)
+
+    def abort_request(self, request_id: str) -> None:
+        if self.scheduler.abort_request(request_id, self.now()) is not None:
+            self._states.pop(request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- the loop ----
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model, sample, update; returns the requests that finished in this step."""
+        start = self.now()
+        output = self.scheduler.schedule(start)
+        if output.is_empty:
+            return []
+        sampled: dict[str, list[int]] = {}
+        model_output = self.runner.execute_model(output)
+        if model_output.request_ids:
+            requests = [self.scheduler.requests[r] for r in model_output.request_ids]
+            meta = SamplingMetadata.build(
+                [r.sampling_params for r in requests],
+                [self._states[r.request_id].generator for r in requests],
+                [r.num_output_tokens for r in requests], set(self.eos_token_ids), self.device)
+            sample = self.sampler(model_output.logits, meta)
+            for row, (request, token_id) in enumerate(zip(requests, sample.sampled_token_ids.tolist())):
+                sampled[request.request_id] = [token_id]
+                self._record_logprobs(request, row, token_id, sample)
+        end = self.now()
+        finished = self.scheduler.update_from_output(output, StepResult(sampled), end)
+        finished += self._check_stop_strings(sampled, finished, end)
+        self.step_records.append(StepRecord.from_output(output, start, self.now() - start))
+        return [self._finish(r) for r in finished]
+
+    # ---- helpers ----
+
+    def _num_kv_blocks(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        per_block = kv_cache_bytes_per_block(self.arch, self.config.block_size, self.dtype)
+        memory = self.config.kv_cache_memory
+        if memory is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                memory = int(free * GPU_KV_CACHE_FRACTION)
+            else:
+                memory = CPU_KV_CACHE_MEMORY
+        blocks = memory // per_block
+        if blocks < 1:
+            raise ValueError(f"kv_cache_memory={memory} bytes holds no KV block ({per_block} bytes each)")
+        return blocks
+
+    def _parse_prompt(self, prompt: PromptType) -> tuple[str | None, list[int], str | None]:
+        tenant = None
+        if isinstance(prompt, dict):
+            unknown = set(prompt) - {"prompt", "prompt_token_ids", "tenant"}
+            if unknown:
+                raise ValueError(f"prompt dict has unknown key(s) {sorted(unknown)}; "
+                                 "expected 'prompt' or 'prompt_token_ids', optionally 'tenant'")
+            tenant = prompt.get("tenant")
+            if "prompt_token_ids" in prompt:
+                prompt = prompt["prompt_token_ids"]
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("prompt dict needs a 'prompt' or a 'prompt_token_ids' key")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            return prompt, self.tokenizer.encode(prompt), tenant
+        if isinstance(prompt, (list, tuple)):
+            ids = list(prompt)
+            if not ids:
+                raise ValueError("prompt_token_ids is empty")
+            bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.arch.vocab_size]
+            if bad:
+                raise ValueError(f"prompt_token_ids has ids outside the vocabulary [0, {self.arch.vocab_size}): "
+                                 f"{bad[:5]}")
+            return None, ids, tenant
+        raise ValueError(f"a prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
+
+    def _record_logprobs(self, request: Request, row: int, token_id: int, sample: Any) -> None:
+        logprobs = self._states[request.request_id].logprobs
+        if logprobs is None:
+            return
+        entry = {token_id: float(sample.logprobs[row])}
+        n = request.sampling_params.logprobs
+        if n and sample.top_logprobs is not None:
+            values, ids = sample.top_logprobs
+            entry.update({int(i): float(v) for i, v in zip(ids[row, :n].tolist(), values[row, :n].tolist())})
+        logprobs.append(entry)
+
+    def _check_stop_strings(self, sampled: dict[str, list[int]], finished: list[Request],
+                            now: float) -> list[Request]:
+        """End requests whose text now contains one of their stop strings (the core sees only ids)."""
+        stopped = []
+        done = {r.request_id for r in finished}
+        for request_id in sampled:
+            request = self.scheduler.requests.get(request_id)
+            if request is None or request_id in done or not request.sampling_params.stop:
+                continue
+            text = self.tokenizer.decode(request.output_token_ids)
+            hits = [(text.find(s), s) for s in request.sampling_params.stop if s in text]
+            if hits:
+                index, stop = min(hits)
+                state = self._states[request_id]
+                state.stop_reason = stop
+                state.stop_text_end = index + len(stop) if request.sampling_params.include_stop_str_in_output else index
+                stopped.append(self.scheduler.finish_request(request_id, RequestStatus.FINISHED_STOPPED, now))
+        return stopped
+
+    def _finish(self, request: Request) -> RequestOutput:
+        state = self._states.pop(request.request_id)
+        text = self.tokenizer.decode(request.output_token_ids)
+        stop_reason = state.stop_reason
+        if state.stop_text_end is not None:
+            text = text[: state.stop_text_end]
+        elif request.status is RequestStatus.FINISHED_STOPPED and request.output_token_ids:
+            last = request.output_token_ids[-1]
+            stop_reason = last if last in request.stop_token_ids else None
+        completion = CompletionOutput(index=0, text=text, token_ids=list(request.output_token_ids),
+                                      finish_reason=request.status.finish_reason, stop_reason=stop_reason,
+                                      logprobs=state.logprobs)
+        return RequestOutput(request_id=request.request_id, prompt=state.prompt,
+                             prompt_token_ids=request.prompt_token_ids, outputs=[completion], finished=True,
+                             num_preemptions=request.num_preemptions)
+
+
+class LLM:
+    """Offline batch generation: `LLM(**knobs).generate(prompts, SamplingParams(...))`."""
+
+    def __init__(self, model: str | Path | None = None, *, dtype: str | torch.dtype = "float32",
+                 device: str | torch.device | None = None, **knobs: Any) -> None:
+        self.llm_engine = LLMEngine(model, dtype=dtype, device=device, **knobs)
+        self._next_id = 0
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: PromptType | list[PromptType],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run every prompt to completion with continuous batching; outputs come back in prompt order."""
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not prompts:
+            raise ValueError("prompts is empty")
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        engine = self.llm_engine
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params):
+                ids.append(str(self._next_id))
+                self._next_id += 1
+                engine.add_request(ids[-1], prompt, p)
+        except ValueError as error:
+            for request_id in ids:
+                engine.abort_request(request_id)
+            raise ValueError(f"prompt {len(ids) - 1}: {error}") from None
+        results: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="generate", disable=not use_tqdm, unit="req") as bar:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    results[out.request_id] = out
+                    bar.update(1)
+        return [results[i] for i in ids]

@@ -1,0 +1,28 @@
+"""What `LLM.generate` returns, in vLLM's shape (`RequestOutput.outputs[0].text`), so vLLM habits transfer.
+
+Lesson: lessons/06-architecture-map.md (the offline API).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None  # "stop" (EOS, stop token or string), "length" or "abort"
+    stop_reason: int | str | None = None  # the stop token id or string that ended it, if any
+    logprobs: list[dict[int, float]] | None = None  # per output position: chosen token + top-N
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_preemptions: int = 0

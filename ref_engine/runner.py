@@ -1,0 +1,81 @@
+"""`ModelRunner`: a `SchedulerOutput` in, logits out — the only place the engine touches the device.
+
+It owns the paged KV cache tensors (one per layer, [2, num_blocks, block_size, kv_heads, head_dim]) and the
+host pool that swapped-out blocks go to. Each step it
+1. carries out the scheduler's swap plan (device -> host copies, then host -> device);
+2. flattens the scheduled requests into one token batch: token ids, positions, and the attention metadata
+   (query start offsets, context lengths, slot mapping, block tables) that tells attention which slots
+   to write and which blocks to read;
+3. runs the model once over all those tokens, then the LM head only on each request's last token where
+   the scheduler asked for a sample.
+It decides nothing: what to run comes from the scheduler, what to emit from the sampler.
+
+Lesson: lessons/02-paged-attention.md (block table and slot mapping).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ref_engine.attention import AttentionMetadata, allocate_kv_cache
+from ref_engine.core.interfaces import SchedulerOutput
+from ref_engine.model.arch_config import ArchConfig
+
+
+@dataclass
+class ModelOutput:
+    request_ids: list[str]  # the rows of `logits`, in order
+    logits: torch.Tensor  # [len(request_ids), vocab] float32
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, arch: ArchConfig, *, num_kv_blocks: int, num_swap_blocks: int,
+                 block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        self.kv_caches = allocate_kv_cache(arch, num_kv_blocks, block_size, dtype, device)
+        self.host_kv_caches = allocate_kv_cache(arch, num_swap_blocks, block_size, dtype, torch.device("cpu"))
+
+    @torch.inference_mode()
+    def execute_model(self, output: SchedulerOutput) -> ModelOutput:
+        self._swap(output.swap_out, src=self.kv_caches, dst=self.host_kv_caches)
+        self._swap(output.swap_in, src=self.host_kv_caches, dst=self.kv_caches)
+
+        input_ids: list[int] = []
+        positions: list[int] = []
+        for s in output.scheduled:
+            input_ids += s.token_ids
+            positions += range(s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens)
+        query_lens = [s.num_scheduled_tokens for s in output.scheduled]
+        meta = AttentionMetadata.build(
+            query_lens=query_lens,
+            seq_lens=[s.num_computed_tokens + s.num_scheduled_tokens for s in output.scheduled],
+            block_tables=[s.block_ids for s in output.scheduled],
+            block_size=self.block_size,
+            device=self.device,
+        )
+        hidden = self.model(
+            torch.tensor(input_ids, dtype=torch.long, device=self.device),
+            torch.tensor(positions, dtype=torch.long, device=self.device),
+            self.kv_caches,
+            meta,
+        )
+        # The last token of each chunk that completes the known sequence is the one whose logits we need.
+        ends = meta.query_start_loc[1:] - 1
+        wanted = [i for i, s in enumerate(output.scheduled) if s.needs_logits]
+        rows = ends[torch.tensor(wanted, dtype=torch.long, device=self.device)]
+        logits = self.model.compute_logits(hidden[rows])
+        return ModelOutput([output.scheduled[i].request_id for i in wanted], logits)
+
+    @staticmethod
+    def _swap(plan: list[tuple[int, int]], *, src: list[torch.Tensor], dst: list[torch.Tensor]) -> None:
+        """Copy blocks src[i] -> dst[j] for each (i, j) in the plan, in every layer (K and V together)."""
+        if not plan:
+            return
+        src_ids = torch.tensor([i for i, _ in plan], dtype=torch.long, device=src[0].device)
+        dst_ids = torch.tensor([j for _, j in plan], dtype=torch.long, device=dst[0].device)
+        for src_layer, dst_layer in zip(src, dst):
+            dst_layer[:, dst_ids] = src_layer[:, src_ids].to(dst_layer.device)

@@ -1,0 +1,11 @@
+"""The discrete-event simulator: the shared core scheduler on a SimPy clock, priced by a cost model.
+
+Torch-free by design (DESIGN.md): any model on any hardware, at any scale, in seconds on a laptop.
+"""
+
+from sim.cluster import Cluster
+from sim.cost_model import CostModel
+from sim.hardware import HardwareProfile
+from sim.simulator import Simulator
+
+__all__ = ["Cluster", "CostModel", "HardwareProfile", "Simulator"]

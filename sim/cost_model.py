@@ -1,0 +1,479 @@
+"""The cost model: how long one engine step takes, from the shape of the batch.
+
+This module owns the simulator's only notion of time. The simulated executor asks `CostModel.step_time`
+how long the batch the shared scheduler just picked would take, and advances the SimPy clock by that.
+It also owns the size of the KV-cache pool (`kv_cache_num_blocks`) and the time to ship KV between
+machines (`CostModel.kv_transfer_time`). It never sees a scheduler class: a batch is a `BatchShape`,
+one `(num_new_tokens, num_context_tokens)` pair per scheduled request, where `num_context_tokens` are the
+tokens already in the KV cache before this step. A prefill chunk, a decode token and a 1 + k speculative
+verification are all just pairs (q, c).
+
+Notation (per step): L layers, H hidden size, nh attention heads, d head_dim, V vocabulary,
+P = L * params_per_layer (weights of the decoder layers), b bytes per weight element, b_kv bytes per KV
+element, kv = ArchConfig.kv_bytes_per_token(b_kv) = 2 * L * n_kv_heads * d * b_kv bytes, requests
+i = 1..N with q_i new tokens and c_i context tokens, T = sum q_i tokens, R rows that need logits
+(default N: one per request; a speculative verify needs k + 1), tp = tensor-parallel degree.
+
+FLOPs (multiply-add = 2 FLOPs)
+    linear_flops    = 2 * P * T  +  2 * V * H * R
+                      every token goes through every layer's matmuls; the lm_head runs only for the R rows
+                      that need logits (a mid-prompt prefill chunk needs none). This is
+                      2 * num_matmul_params * T when every token needs logits. RMSNorm weights are counted
+                      as matmul weights (a 0.01% overcount) to keep one parameter count.
+    attention_flops = sum_i 4 * L * nh * d * q_i * (c_i + (q_i + 1) / 2)
+                      QK^T and PV are 2 * d FLOPs per (query, key) pair per head each; query j of the chunk
+                      (j = 1..q) sees the c cached keys plus j keys of its own chunk (causal), so the chunk
+                      has q * c + q * (q + 1) / 2 pairs.
+
+Bytes moved through memory (read once per step; caches and fusion are ignored)
+    weight_bytes     = (P + H) * b  +  V * H * b  [if R > 0]  +  T * H * b
+                       all layer weights and the final norm, the whole lm_head matrix when any row needs
+                       logits, and of the embedding table ONLY the T gathered rows (a lookup is not a
+                       matmul; reading the whole table would wrongly price a 1 GB read into every step).
+    kv_read_bytes    = kv * sum_i (c_i + q_i)      attention reads the whole context, new tokens included
+    kv_write_bytes   = kv * T                      the new tokens' K and V are written once
+    activation_bytes = L * T * (4H + 2*nh*d + 2*n_kv_heads*d + 3*I) * b  +  R * V * b
+                       each linear layer reads its input rows and writes its output rows once (qkv, o,
+                       gate_up, down); elementwise ops are assumed fused. Small on a GPU at decode, large
+                       on a CPU at big batches.
+
+Time (seconds)
+    compute_s  = (linear_flops + attention_flops) / (peak_flops[dtype] * tp)
+    memory_s   = (weight + kv_read + kv_write + activation bytes) / (memory_bandwidth * tp)
+    overhead_s = step_overhead_s + per_seq_overhead_s * N + per_token_overhead_s * T
+                 + per_block_overhead_s * blocks,    blocks = sum_i ceil((c_i + q_i) / block_size)
+                 (or BatchShape.num_blocks_touched when the caller knows it)
+    comm_s     = 0 if tp == 1, else 2 * L all-reduces (after attention and after the MLP) of T * H * b bytes,
+                 each costing interconnect_latency_s + 2 * (tp - 1) / tp * (T * H * b) / interconnect_bandwidth
+                 (a ring all-reduce sends and receives 2 (tp - 1) / tp of the buffer per device)
+    total_s    = combine(compute_s, memory_s) + comm_s + overhead_s
+
+`combine="max"` (default) is the roofline: a GPU overlaps arithmetic with memory traffic, so the slower
+of the two bounds the step, and `bound` says which. `combine="sum"` adds them: on a CPU the same cores do
+both and overlap is poor, and a sum is linear in the unknowns 1/FLOPs, 1/bandwidth and the overheads, so
+a calibrator can fit it by least squares (see `CostModel.roofline_features`). The model applies no
+efficiency factor: datasheet profiles give optimistic times (see sim/hardware.py, `derated`).
+
+Tensor parallelism divides FLOPs and bytes evenly by tp (weights, heads and KV are sharded). Caveats, kept
+out for simplicity: activations of width H are replicated rather than split, KV heads are replicated when
+tp > n_kv_heads, and the vocabulary-parallel lm_head's gather is not priced.
+
+The alternative `FittedStepModel` is the DistServe-style regression (OSDI'24, §4): prefill time
+a + b * sum(l) + c * sum(l^2), decode time a + b * sum(context) + c * batch, extended to mixed
+(chunked-prefill) batches by adding the two parts under one intercept. `fitted_features` is its design
+matrix row.
+
+Lesson: "The cost of a step" (shared/CURRICULUM.md, row 0); KV pool size in lessons/02-paged-attention.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import astuple, dataclass, fields
+from typing import Literal
+
+from ref_engine.model.arch_config import ArchConfig
+from sim.hardware import HardwareProfile, dtype_bytes
+
+Combine = Literal["max", "sum"]
+
+
+# ---- the batch -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BatchShape:
+    """What the cost model needs to know about one step: per request, new tokens and cached tokens.
+
+    query_lens[i]      tokens request i computes this step (prefill chunk length, 1 for decode, 1 + k to verify)
+    context_lens[i]    tokens of request i already in the KV cache before this step
+    num_blocks_touched KV blocks the attention reads; None = sum of ceil((c + q) / block_size)
+    num_logit_rows     rows that need logits; None = one per request
+    """
+
+    query_lens: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    num_blocks_touched: int | None = None
+    num_logit_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        # Accept lists too, but store tuples so the shape stays hashable and immutable.
+        if not isinstance(self.query_lens, tuple):
+            object.__setattr__(self, "query_lens", tuple(self.query_lens))
+        if not isinstance(self.context_lens, tuple):
+            object.__setattr__(self, "context_lens", tuple(self.context_lens))
+        if not self.query_lens:
+            raise ValueError("a step schedules at least one request; got an empty batch")
+        if len(self.query_lens) != len(self.context_lens):
+            raise ValueError(f"query_lens has {len(self.query_lens)} entries but context_lens has "
+                             f"{len(self.context_lens)}; need one of each per request")
+        if min(self.query_lens) < 1:
+            raise ValueError(f"every scheduled request computes >= 1 token; got query_lens={self.query_lens}")
+        if min(self.context_lens) < 0:
+            raise ValueError(f"context lengths must be >= 0; got context_lens={self.context_lens}")
+        if self.num_blocks_touched is not None and self.num_blocks_touched < 0:
+            raise ValueError(f"num_blocks_touched must be >= 0, got {self.num_blocks_touched}")
+        if self.num_logit_rows is not None and self.num_logit_rows < 0:
+            raise ValueError(f"num_logit_rows must be >= 0, got {self.num_logit_rows}")
+
+    @classmethod
+    def from_lists(cls, query_lens: Sequence[int], context_lens: Sequence[int],
+                   num_blocks_touched: int | None = None, num_logit_rows: int | None = None) -> BatchShape:
+        return cls(tuple(query_lens), tuple(context_lens), num_blocks_touched, num_logit_rows)
+
+    @classmethod
+    def from_pairs(cls, pairs: Iterable[tuple[int, int]], num_blocks_touched: int | None = None,
+                   num_logit_rows: int | None = None) -> BatchShape:
+        """From `[(num_new_tokens, num_context_tokens), ...]`, one pair per scheduled request."""
+        pairs = list(pairs)
+        return cls(tuple(q for q, _ in pairs), tuple(c for _, c in pairs), num_blocks_touched,
+                   num_logit_rows)
+
+    @classmethod
+    def decode(cls, batch_size: int, context_len: int) -> BatchShape:
+        """`batch_size` requests each decoding one token after `context_len` cached tokens."""
+        return cls((1,) * batch_size, (context_len,) * batch_size)
+
+    @classmethod
+    def prefill(cls, prompt_len: int, num_prompts: int = 1) -> BatchShape:
+        """`num_prompts` whole prompts of `prompt_len` tokens, nothing cached."""
+        return cls((prompt_len,) * num_prompts, (0,) * num_prompts)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+
+# ---- the result ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepCost:
+    """Every term of one step's time. FLOPs and bytes are totals over all tp devices; times are wall time."""
+
+    num_seqs: int
+    num_tokens: int
+    num_blocks: int
+    linear_flops: float
+    attention_flops: float
+    weight_bytes: float
+    kv_read_bytes: float
+    kv_write_bytes: float
+    activation_bytes: float
+    compute_s: float
+    memory_s: float
+    comm_s: float
+    overhead_s: float
+    total_s: float
+    bound: Literal["compute", "memory"]
+
+    @property
+    def flops(self) -> float:
+        return self.linear_flops + self.attention_flops
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.activation_bytes
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per byte moved; compare with peak_flops / memory_bandwidth (the ridge point)."""
+        return self.flops / self.bytes
+
+
+# ---- the roofline model ----------------------------------------------------------------------------
+
+# Unknowns of the "sum" form, in the order of `CostModel.roofline_features`:
+# total_s - comm_s = features . (step_overhead_s, per_seq_overhead_s, per_token_overhead_s,
+#                                per_block_overhead_s, 1 / peak_flops, 1 / memory_bandwidth)
+ROOFLINE_FEATURE_NAMES = ("steps", "seqs", "tokens", "blocks", "flops_per_device", "bytes_per_device")
+ROOFLINE_UNKNOWNS = ("step_overhead_s", "per_seq_overhead_s", "per_token_overhead_s", "per_block_overhead_s",
+                     "seconds_per_flop", "seconds_per_byte")
+
+
+class CostModel:
+    """Step time of `arch` on `hardware` (see the module docstring for every formula).
+
+    Constants that depend only on the model and the profile are computed once here, so `step_time`,
+    which the simulator calls for every step, is one pass over the batch and a few multiplications.
+    """
+
+    def __init__(self, arch: ArchConfig, hardware: HardwareProfile, dtype: str = "bfloat16",
+                 tensor_parallel_size: int = 1, block_size: int = 16, combine: Combine = "max",
+                 kv_cache_dtype: str | None = None) -> None:
+        if tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if combine not in ("max", "sum"):
+            raise ValueError(f"combine must be 'max' or 'sum', got {combine!r}")
+        if tensor_parallel_size > 1 and hardware.interconnect_bandwidth <= 0:
+            raise ValueError(f"profile {hardware.name!r} has no interconnect; cannot price tp={tensor_parallel_size}")
+        self.arch = arch
+        self.hardware = hardware
+        self.dtype = dtype
+        self.kv_cache_dtype = kv_cache_dtype or dtype
+        self.tensor_parallel_size = tensor_parallel_size
+        self.block_size = block_size
+        self.combine = combine
+
+        b = dtype_bytes(dtype)
+        H, V, L = arch.hidden_size, arch.vocab_size, arch.num_layers
+        layer_params = L * arch.params_per_layer
+        tp = tensor_parallel_size
+        # FLOPs
+        self._flops_per_token = 2 * layer_params
+        self._flops_per_logit_row = 2 * V * H
+        self._attn_flops_per_pair = 4 * L * arch.num_attention_heads * arch.head_dim
+        # bytes
+        self._layer_weight_bytes = (layer_params + H) * b  # decoder layers + final norm
+        self._lm_head_bytes = V * H * b
+        self._embedding_bytes_per_token = H * b
+        self._kv_bytes_per_token = arch.kv_bytes_per_token(dtype_bytes(self.kv_cache_dtype))
+        self._activation_bytes_per_token = L * (4 * H + 2 * arch.q_size + 2 * arch.kv_size
+                                                + 3 * arch.intermediate_size) * b
+        self._activation_bytes_per_logit_row = V * b
+        # rates, per step (already divided among the tp devices)
+        self._seconds_per_flop = 1.0 / (hardware.flops_for(dtype) * tp)
+        self._seconds_per_byte = 1.0 / (hardware.memory_bandwidth * tp)
+        # tensor parallelism: 2 all-reduces per layer of T * H * b bytes each
+        if tp > 1:
+            self._comm_fixed_s = 2 * L * hardware.interconnect_latency_s
+            self._comm_s_per_token = (2 * L * 2 * (tp - 1) / tp * H * b) / hardware.interconnect_bandwidth
+        else:
+            self._comm_fixed_s = 0.0
+            self._comm_s_per_token = 0.0
+
+    # -- the hot path --
+
+    def _batch_sums(self, shape: BatchShape) -> tuple[int, int, int, int]:
+        """One pass over the batch: tokens, attention (query, key) pairs, context read, blocks touched."""
+        bs = self.block_size
+        tokens = pairs2 = ctx_read = blocks = 0
+        for q, c in zip(shape.query_lens, shape.context_lens, strict=True):
+            seen = c + q
+            tokens += q
+            pairs2 += q * (c + seen + 1)  # 2 * q * (c + (q + 1) / 2), an exact integer
+            ctx_read += seen
+            blocks += -(-seen // bs)  # ceil(seen / block_size)
+        if shape.num_blocks_touched is not None:
+            blocks = shape.num_blocks_touched
+        return tokens, pairs2 // 2, ctx_read, blocks
+
+    def _flops_and_bytes(self, shape: BatchShape, tokens: int, pairs: int, ctx_read: int
+                         ) -> tuple[float, float, float, float, float, float, int]:
+        rows = shape.num_seqs if shape.num_logit_rows is None else shape.num_logit_rows
+        linear = self._flops_per_token * tokens + self._flops_per_logit_row * rows
+        attention = self._attn_flops_per_pair * pairs
+        weights = (self._layer_weight_bytes + (self._lm_head_bytes if rows else 0)
+                   + self._embedding_bytes_per_token * tokens)
+        kv_read = self._kv_bytes_per_token * ctx_read
+        kv_write = self._kv_bytes_per_token * tokens
+        activations = self._activation_bytes_per_token * tokens + self._activation_bytes_per_logit_row * rows
+        return linear, attention, weights, kv_read, kv_write, activations, rows
+
+    def _overhead_s(self, num_seqs: int, tokens: int, blocks: int) -> float:
+        hw = self.hardware
+        return (hw.step_overhead_s + hw.per_seq_overhead_s * num_seqs + hw.per_token_overhead_s * tokens
+                + hw.per_block_overhead_s * blocks)
+
+    def step_time(self, shape: BatchShape) -> float:
+        """Seconds for one engine step running `shape`."""
+        tokens, pairs, ctx_read, blocks = self._batch_sums(shape)
+        linear, attention, weights, kv_read, kv_write, activations, _ = self._flops_and_bytes(
+            shape, tokens, pairs, ctx_read)
+        compute_s = (linear + attention) * self._seconds_per_flop
+        memory_s = (weights + kv_read + kv_write + activations) * self._seconds_per_byte
+        core = max(compute_s, memory_s) if self.combine == "max" else compute_s + memory_s
+        return core + self._comm_s(tokens) + self._overhead_s(shape.num_seqs, tokens, blocks)
+
+    def _comm_s(self, tokens: int) -> float:
+        if self.tensor_parallel_size == 1:
+            return 0.0
+        return self._comm_fixed_s + self._comm_s_per_token * tokens
+
+    # -- for people: every term --
+
+    def breakdown(self, shape: BatchShape) -> StepCost:
+        """The same computation as `step_time`, with every FLOP, byte and second kept."""
+        tokens, pairs, ctx_read, blocks = self._batch_sums(shape)
+        linear, attention, weights, kv_read, kv_write, activations, _ = self._flops_and_bytes(
+            shape, tokens, pairs, ctx_read)
+        compute_s = (linear + attention) * self._seconds_per_flop
+        memory_s = (weights + kv_read + kv_write + activations) * self._seconds_per_byte
+        core = max(compute_s, memory_s) if self.combine == "max" else compute_s + memory_s
+        comm_s = self._comm_s(tokens)
+        overhead_s = self._overhead_s(shape.num_seqs, tokens, blocks)
+        return StepCost(
+            num_seqs=shape.num_seqs, num_tokens=tokens, num_blocks=blocks,
+            linear_flops=linear, attention_flops=attention, weight_bytes=weights, kv_read_bytes=kv_read,
+            kv_write_bytes=kv_write, activation_bytes=activations, compute_s=compute_s, memory_s=memory_s,
+            comm_s=comm_s, overhead_s=overhead_s, total_s=core + comm_s + overhead_s,
+            bound="compute" if compute_s >= memory_s else "memory",
+        )
+
+    # -- for the calibrator --
+
+    def roofline_features(self, shape: BatchShape) -> tuple[float, ...]:
+        """Design-matrix row of the "sum" form, in the order of ROOFLINE_FEATURE_NAMES.
+
+        With combine="sum", step_time(shape) - comm_s == dot(features, unknowns), the unknowns being
+        ROOFLINE_UNKNOWNS (step, per-seq, per-token, per-block overheads, 1 / peak FLOP/s, 1 / bandwidth).
+        Beware collinearity when fitting one model: the weight bytes are nearly constant per step, so
+        1/bandwidth trades off against step_overhead_s, and linear FLOPs are proportional to tokens, so
+        1/FLOP/s trades off against per_token_overhead_s. Measure bandwidth and FLOP/s with
+        micro-benchmarks, or fit across several models or dtypes, before fitting the overheads.
+        """
+        tokens, pairs, ctx_read, blocks = self._batch_sums(shape)
+        linear, attention, weights, kv_read, kv_write, activations, _ = self._flops_and_bytes(
+            shape, tokens, pairs, ctx_read)
+        tp = self.tensor_parallel_size
+        return (1.0, float(shape.num_seqs), float(tokens), float(blocks),
+                (linear + attention) / tp, (weights + kv_read + kv_write + activations) / tp)
+
+    # -- between machines --
+
+    def kv_transfer_time(self, num_tokens: int, link: Literal["network", "interconnect"] = "network") -> float:
+        """Seconds to move `num_tokens` tokens of KV cache to another instance (PD disaggregation).
+
+        time = latency + kv_bytes_per_token * num_tokens / (bandwidth * tp): each of the tp devices sends
+        its own shard over its own link, in parallel.
+        """
+        hw = self.hardware
+        if link == "network":
+            bandwidth, latency = hw.network_bandwidth, hw.network_latency_s
+        elif link == "interconnect":
+            bandwidth, latency = hw.interconnect_bandwidth, hw.interconnect_latency_s
+        else:
+            raise ValueError(f"link must be 'network' or 'interconnect', got {link!r}")
+        if bandwidth <= 0:
+            raise ValueError(f"profile {hw.name!r} has no {link} bandwidth")
+        return latency + self._kv_bytes_per_token * num_tokens / (bandwidth * self.tensor_parallel_size)
+
+
+# ---- the DistServe-style fitted model --------------------------------------------------------------
+
+FITTED_FEATURE_NAMES = ("steps", "prefill_tokens", "prefill_quadratic", "decode_context", "decode_seqs")
+
+
+def fitted_features(shape: BatchShape) -> tuple[float, ...]:
+    """Design-matrix row of `FittedStepModel`, in the order of FITTED_FEATURE_NAMES.
+
+    Rows with q > 1 count as prefill (chunks and speculative verifies), rows with q == 1 as decode.
+        prefill_tokens    = sum q                        (DistServe's sum(l))
+        prefill_quadratic = sum q * (q + 2c) = sum (c+q)^2 - c^2   (sum(l^2) when nothing is cached;
+                            twice the attention pairs, up to a linear term, when a chunk follows a context)
+        decode_context    = sum (c + 1)                  tokens each decode attends to
+        decode_seqs       = number of decode rows        DistServe's batch term
+    """
+    prefill_tokens = prefill_quadratic = decode_context = decode_seqs = 0
+    for q, c in zip(shape.query_lens, shape.context_lens, strict=True):
+        if q > 1:
+            prefill_tokens += q
+            prefill_quadratic += q * (q + 2 * c)
+        else:
+            decode_context += c + 1
+            decode_seqs += 1
+    return (1.0, float(prefill_tokens), float(prefill_quadratic), float(decode_context), float(decode_seqs))
+
+
+@dataclass(frozen=True)
+class FittedStepModel:
+    """step_time = intercept + a_p * sum(l) + b_p * sum(l^2) + a_d * sum(context) + b_d * decode batch.
+
+    A purely empirical alternative to the roofline: five coefficients fitted by least squares to measured
+    step times (`fit`). It knows nothing about FLOPs or bytes, so it only holds for the model, dtype and
+    machine it was fitted on.
+    """
+
+    intercept_s: float
+    prefill_token_s: float
+    prefill_quadratic_s: float
+    decode_context_s: float
+    decode_seq_s: float
+
+    @property
+    def coefficients(self) -> tuple[float, ...]:
+        return astuple(self)
+
+    def step_time(self, shape: BatchShape) -> float:
+        return sum(k * x for k, x in zip(self.coefficients, fitted_features(shape), strict=True))
+
+    @classmethod
+    def from_coefficients(cls, coefficients: Sequence[float]) -> FittedStepModel:
+        if len(coefficients) != len(fields(cls)):
+            raise ValueError(f"need {len(fields(cls))} coefficients ({', '.join(f.name for f in fields(cls))}), "
+                             f"got {len(coefficients)}")
+        return cls(*(float(k) for k in coefficients))
+
+    @classmethod
+    def fit(cls, shapes: Sequence[BatchShape], times_s: Sequence[float]) -> FittedStepModel:
+        """Ordinary least squares of measured `times_s` on `fitted_features(shape)`.
+
+        Features that never vary in the data (no prefill rows, say) get a zero coefficient.
+        """
+        import numpy as np  # numpy only where fitting happens
+
+        if len(shapes) != len(times_s) or not shapes:
+            raise ValueError("need as many measured times as shapes, and at least one")
+        X = np.array([fitted_features(s) for s in shapes], dtype=float)
+        y = np.asarray(times_s, dtype=float)
+        coefficients, *_ = np.linalg.lstsq(X, y, rcond=None)
+        return cls.from_coefficients(coefficients)
+
+
+# ---- the KV-cache pool -----------------------------------------------------------------------------
+
+def estimate_activation_bytes(arch: ArchConfig, dtype: str = "bfloat16", max_num_batched_tokens: int = 8192,
+                              max_num_seqs: int = 256) -> int:
+    """Peak activation memory of the largest step, what vLLM's profiling run measures.
+
+    Layers run one after another, so one layer's live buffers at the widest point count:
+    T * (2H [residual + normed] + q + 2kv [qkv] + q [attention out] + 3I [gate, up, act]) * b,
+    plus float32 logits for max_num_seqs rows: max_num_seqs * V * 4. Not divided by tp (conservative).
+    """
+    b = dtype_bytes(dtype)
+    per_token = 2 * arch.hidden_size + 2 * arch.q_size + 2 * arch.kv_size + 3 * arch.intermediate_size
+    return max_num_batched_tokens * per_token * b + max_num_seqs * arch.vocab_size * 4
+
+
+def kv_cache_num_blocks(arch: ArchConfig, hardware: HardwareProfile, dtype: str = "bfloat16",
+                        block_size: int = 16, gpu_memory_utilization: float = 0.9, tp: int = 1, *,
+                        kv_cache_dtype: str | None = None, activation_reserve_bytes: int | None = None,
+                        max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> int:
+    """Number of KV blocks that fit on each device, as vLLM sizes its pool after a profiling run:
+
+        blocks = floor((memory_bytes * gpu_memory_utilization - weight_bytes / tp - activations)
+                       / (block_size * 2 * L * ceil(n_kv_heads / tp) * head_dim * b_kv))
+
+    `activations` defaults to `estimate_activation_bytes(...)`. Raises ValueError when the weights (or
+    weights plus activations) leave no room for even one block.
+    """
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if tp < 1 or block_size < 1:
+        raise ValueError(f"tp and block_size must be >= 1, got tp={tp}, block_size={block_size}")
+    budget = hardware.memory_bytes * gpu_memory_utilization
+    weights = arch.weight_bytes(dtype_bytes(dtype)) / tp
+    if weights >= budget:
+        raise ValueError(
+            f"{arch.name} needs {weights / 1e9:.1f} GB of {dtype} weights per device (tp={tp}), but "
+            f"{hardware.name} offers {budget / 1e9:.1f} GB at gpu_memory_utilization={gpu_memory_utilization}; "
+            f"raise tp, use a smaller dtype or a bigger device"
+        )
+    if activation_reserve_bytes is None:
+        activation_reserve_bytes = estimate_activation_bytes(arch, dtype, max_num_batched_tokens, max_num_seqs)
+    kv_heads_per_device = math.ceil(arch.num_kv_heads / tp)  # replicated when tp > n_kv_heads
+    bytes_per_block = (block_size * 2 * arch.num_layers * kv_heads_per_device * arch.head_dim
+                       * dtype_bytes(kv_cache_dtype or dtype))
+    free = budget - weights - activation_reserve_bytes
+    if free < bytes_per_block:
+        raise ValueError(
+            f"after {weights / 1e9:.1f} GB of weights and {activation_reserve_bytes / 1e9:.2f} GB of "
+            f"activations, {hardware.name} has {max(free, 0) / 1e9:.2f} GB left: not one KV block "
+            f"({bytes_per_block} bytes) fits"
+        )
+    return int(free // bytes_per_block)

@@ -1,0 +1,159 @@
+"""`SimulatedExecutor`: the engine loop of one replica, run on a SimPy clock instead of a GPU.
+
+This module owns the simulated side of the seam between policy and execution. The real engine and this
+executor drive the very same core `Scheduler`; they differ only in how a step is executed:
+
+    real engine                              simulated executor
+    schedule(now)                            schedule(env.now)
+    run the model on the batch, time it      t = step_timer.step_time(output); yield env.timeout(t)
+    sample one token per finished chunk      one dummy token per request that `needs_logits`
+    update_from_output(output, result, now)  update_from_output(output, result, env.now)
+
+Outputs are lengths, not text: requests carry `ignore_eos`, so each ends at exactly `max_tokens`, and the
+token id a step "samples" does not matter. Time comes from a `StepTimer`:
+- `CostModelTimer` prices the batch with the roofline cost model (sim/cost_model.py);
+- `ReplayTimer` replays measured step durations in order. Fed the real engine's step times, the
+  simulator must reproduce the engine's batches and preemptions step for step: only time could ever
+  make the two disagree, so with the same times there is nothing left to disagree about.
+
+Invariants:
+- simulated time only moves forward, and only in `yield`s: a step's start is the previous step's end,
+  or a later arrival;
+- the engine never busy-waits: when the scheduler has nothing to run it sleeps until a request arrives;
+- a request arriving while a step runs joins at the next step boundary, as in a real engine. (Ties in
+  time between an arrival and a step's end are broken by SimPy's deterministic event order.)
+- every request handed to `add_request` either is refused (counted, ValueError from the scheduler) or
+  finishes; `metrics()` raises if the scheduler stalled with requests left.
+
+Lesson: lessons/01-continuous-batching.md (the engine loop); lessons/06-architecture-map.md (the seam).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable
+from typing import Protocol
+
+import simpy
+
+from ref_engine.core.interfaces import SchedulerOutput, StepResult
+from ref_engine.core.metrics import RunMetrics, StepRecord
+from ref_engine.core.request import Request
+from ref_engine.core.scheduler import Scheduler
+from sim.cost_model import BatchShape, CostModel
+
+# The token a simulated step "samples". Requests ignore EOS and have no stop tokens, so its value is moot.
+DUMMY_TOKEN_ID = 0
+
+
+class StepTimer(Protocol):
+    """How long one engine step takes: the only thing the simulator models rather than reproduces."""
+
+    def step_time(self, output: SchedulerOutput) -> float: ...
+
+
+class CostModelTimer:
+    """Prices each step with a `CostModel`, from the batch shape the scheduler chose."""
+
+    def __init__(self, cost_model: CostModel) -> None:
+        self.cost_model = cost_model
+
+    def step_time(self, output: SchedulerOutput) -> float:
+        query_lens, context_lens = output.batch_shape
+        # Only rows that sample pay for the lm_head (as in the real runner): a mid-prompt chunk needs none.
+        num_logit_rows = sum(1 for s in output.scheduled if s.needs_logits)
+        return self.cost_model.step_time(BatchShape(query_lens, context_lens, num_logit_rows=num_logit_rows))
+
+
+class ReplayTimer:
+    """Replays measured step durations, one per step, in order (one run's worth: make a new one per run)."""
+
+    def __init__(self, durations: Iterable[float]) -> None:
+        self.durations = list(durations)
+        if any(d < 0 for d in self.durations):
+            raise ValueError("step durations must be >= 0")
+        self._next = 0
+
+    def step_time(self, output: SchedulerOutput) -> float:
+        if self._next >= len(self.durations):
+            raise RuntimeError(
+                f"ReplayTimer ran out of durations at step {output.step_id}: it holds {len(self.durations)}; "
+                "the simulated run took more steps than the one that was measured")
+        duration = self.durations[self._next]
+        self._next += 1
+        return duration
+
+
+class SimulatedExecutor:
+    """One engine replica: a core scheduler stepped on `env`'s clock, its step times from `step_timer`.
+
+    Requests come in through `add_request` (from `feed`, a router, or a disaggregated prefill); the engine
+    process starts on construction and runs for as long as the SimPy environment does.
+    """
+
+    def __init__(self, env: simpy.Environment, scheduler: Scheduler, step_timer: StepTimer,
+                 name: str = "engine") -> None:
+        self.env = env
+        self.scheduler = scheduler
+        self.step_timer = step_timer
+        self.name = name
+        self.requests: list[Request] = []  # every accepted request, in order of arrival here
+        self.steps: list[StepRecord] = []
+        self.num_refused = 0
+        self._finished_events: dict[str, simpy.Event] = {}
+        self._wakeup: simpy.Event | None = None  # set while the engine sleeps with nothing to run
+        env.process(self._engine_loop())
+
+    @property
+    def num_unfinished(self) -> int:
+        """Requests waiting or running here (what a least-loaded router compares)."""
+        return len(self.scheduler.requests)
+
+    def add_request(self, request: Request) -> simpy.Event | None:
+        """Queue `request` now. Returns an event that fires with the request when it finishes, or None
+        if the scheduler refused it (it could never fit this engine)."""
+        try:
+            self.scheduler.add_request(request)
+        except ValueError:
+            self.num_refused += 1
+            return None
+        self.requests.append(request)
+        finished = self.env.event()
+        self._finished_events[request.request_id] = finished
+        if self._wakeup is not None and not self._wakeup.triggered:
+            self._wakeup.succeed()
+        return finished
+
+    def feed(self, requests: Iterable[Request]) -> Generator[simpy.Event, None, None]:
+        """SimPy process: hand each request to the engine at its `arrival_time`. Requests arriving at the
+        same time are added together, so "all at once" really reaches the first step all at once."""
+        for request in sorted(requests, key=lambda r: r.arrival_time):
+            if request.arrival_time > self.env.now:
+                yield self.env.timeout(request.arrival_time - self.env.now)
+            self.add_request(request)
+
+    def _engine_loop(self) -> Generator[simpy.Event, None, None]:
+        env, scheduler = self.env, self.scheduler
+        while True:
+            output = scheduler.schedule(env.now)
+            if output.is_empty:
+                self._wakeup = env.event()
+                yield self._wakeup  # nothing runnable: sleep until the next add_request
+                self._wakeup = None
+                continue
+            start = env.now
+            duration = self.step_timer.step_time(output)
+            yield env.timeout(duration)
+            result = StepResult({s.request_id: [DUMMY_TOKEN_ID] for s in output.scheduled if s.needs_logits})
+            finished = scheduler.update_from_output(output, result, now=env.now)
+            self.steps.append(StepRecord.from_output(output, start, duration))
+            for request in finished:
+                self._finished_events.pop(request.request_id).succeed(request)
+
+    def metrics(self) -> RunMetrics:
+        """`RunMetrics` of everything this replica served; call once the environment has run out of events."""
+        if self.scheduler.has_unfinished_requests():
+            raise RuntimeError(
+                f"{self.name}: the simulation ended with {self.num_unfinished} unfinished requests "
+                f"({self.scheduler.num_running} running, {self.scheduler.num_waiting} waiting): "
+                "the scheduler stalled")
+        return RunMetrics.from_requests(self.requests, self.steps, num_failed=self.num_refused)

@@ -1,0 +1,284 @@
+"""Hardware profiles: the handful of numbers the cost model needs to price one engine step.
+
+This module owns `HardwareProfile`, the built-in profiles (three GPUs from their datasheets and one estimate
+for "this machine", a 2-core CPU), their JSON form, and where calibrated profiles are saved.
+
+What a profile holds, and why these numbers and no others
+    peak_flops[dtype]       dense matrix FLOP/s per compute dtype ("float32", "bfloat16", ...)
+    memory_bandwidth        bytes/s between memory and the compute units (HBM on a GPU, DRAM on a CPU)
+    memory_bytes            device memory; the KV-cache pool is carved out of it (see cost_model.py)
+    step_overhead_s         fixed cost of one step: scheduling, Python, kernel launches, synchronisation
+    per_seq_overhead_s      cost per scheduled request: building its input rows, sampling, bookkeeping
+    per_token_overhead_s    cost per token in the batch that FLOPs and bytes do not explain
+    per_block_overhead_s    cost per KV block touched: block-table indexing and scattered small reads.
+                            It is what makes tiny blocks slow, the left side of the block-size U-shape
+    interconnect_*          GPU-to-GPU link inside one machine (NVLink): tensor-parallel all-reduces
+    network_*               link between machines (InfiniBand/Ethernet): KV transfer in PD disaggregation
+
+There are no separate "efficiency" factors. A *calibrated* profile (source="calibrated", written by
+sim/calibrate.py) simply stores the effective numbers the fit found. A *datasheet* profile stores the
+vendor's peaks, which real kernels do not reach: expect roughly 50-80% of peak FLOP/s and 70-90% of
+peak bandwidth (on the H200 lent to this project a PyTorch bf16 8192^3 matmul ran at ~790 of 989 TFLOP/s
+and a device copy at ~4.3 of 4.8 TB/s). The cost model applies NO fudge factor: a datasheet profile gives
+an optimistic lower bound on step time. To model realistic kernels, derate the profile explicitly with
+`profile.derated(compute=0.7, memory=0.85)`, which returns a new profile whose name and provenance say so.
+
+A calibrated profile is measured for one dtype, one thread count and one attention path; its
+`provenance` dict records device, dtype, threads, torch version, model, attention path, date and fit
+errors, so a notebook can print where its simulated numbers come from.
+
+Lesson: "The cost of a step" (shared/CURRICULUM.md, row 0) and "Tuning knobs" (row 7).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+# Bytes per element of each dtype name used by profiles and the cost model.
+DTYPE_BYTES: dict[str, int] = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "fp8": 1,
+    "int8": 1,
+}
+
+TERA = 1e12
+GIGA = 1e9
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of `dtype` ("float32", "bfloat16", ...); ValueError for an unknown name."""
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}") from None
+
+
+@dataclass
+class HardwareProfile:
+    """One accelerator (or CPU) as the cost model sees it. All times in seconds, rates per second."""
+
+    name: str
+    peak_flops: dict[str, float]  # dtype -> dense FLOP/s
+    memory_bandwidth: float  # bytes/s
+    memory_bytes: float  # bytes of device memory
+    step_overhead_s: float = 0.0
+    per_seq_overhead_s: float = 0.0
+    per_token_overhead_s: float = 0.0
+    per_block_overhead_s: float = 0.0
+    interconnect_bandwidth: float = 0.0  # bytes/s per direction per device (NVLink), 0 = none
+    interconnect_latency_s: float = 0.0  # fixed cost of one collective / one message
+    network_bandwidth: float = 0.0  # bytes/s per device between machines, 0 = none
+    network_latency_s: float = 0.0
+    source: str = "datasheet"  # "datasheet" | "calibrated" | "datasheet-like estimate" | "derated datasheet"
+    notes: str = ""
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.peak_flops:
+            raise ValueError(f"profile {self.name!r}: peak_flops needs at least one dtype")
+        for dtype, rate in self.peak_flops.items():
+            if rate <= 0:
+                raise ValueError(f"profile {self.name!r}: peak_flops[{dtype!r}] must be > 0, got {rate}")
+        if self.memory_bandwidth <= 0:
+            raise ValueError(f"profile {self.name!r}: memory_bandwidth must be > 0")
+        for knob in ("step_overhead_s", "per_seq_overhead_s", "per_token_overhead_s",
+                     "per_block_overhead_s", "interconnect_bandwidth", "interconnect_latency_s",
+                     "network_bandwidth", "network_latency_s", "memory_bytes"):
+            if getattr(self, knob) < 0:
+                raise ValueError(f"profile {self.name!r}: {knob} must be >= 0, got {getattr(self, knob)}")
+
+    def flops_for(self, dtype: str) -> float:
+        """Peak dense FLOP/s for `dtype`; ValueError naming the dtypes this profile knows."""
+        try:
+            return self.peak_flops[dtype]
+        except KeyError:
+            raise ValueError(
+                f"profile {self.name!r} has no peak FLOP/s for dtype {dtype!r}; "
+                f"it knows: {', '.join(self.peak_flops)}"
+            ) from None
+
+    def derated(self, compute: float = 1.0, memory: float = 1.0) -> HardwareProfile:
+        """A copy whose FLOP/s are scaled by `compute` and bandwidth by `memory` (both in (0, 1]).
+
+        This is the explicit way to say "real kernels reach 70% of peak": the cost model itself never
+        scales a profile.
+        """
+        for label, factor in (("compute", compute), ("memory", memory)):
+            if not 0 < factor <= 1:
+                raise ValueError(f"{label} efficiency must be in (0, 1], got {factor}")
+        return replace(
+            self,
+            name=f"{self.name} (x{compute:g} compute, x{memory:g} memory)",
+            peak_flops={dtype: rate * compute for dtype, rate in self.peak_flops.items()},
+            memory_bandwidth=self.memory_bandwidth * memory,
+            source="derated datasheet" if self.source == "datasheet" else self.source,
+            provenance={**self.provenance, "derated_from": self.name,
+                        "compute_efficiency": compute, "memory_efficiency": memory},
+        )
+
+    # ---- JSON ----
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HardwareProfile:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown hardware profile field(s): {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    def to_json(self, path: str | os.PathLike[str]) -> Path:
+        """Write the profile as JSON (creating parent folders) and return the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        return path
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike[str]) -> HardwareProfile:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def save(self, directory: str | os.PathLike[str] | None = None) -> Path:
+        """Save as `<directory or profiles_dir()>/<slug of name>.json`, where `named()` finds it."""
+        return self.to_json(Path(directory or profiles_dir()) / f"{_slug(self.name)}.json")
+
+    # ---- lookup ----
+
+    @classmethod
+    def named(cls, name: str) -> HardwareProfile:
+        """A built-in profile, or else one saved in `profiles_dir()`, by name (case-insensitive).
+
+        Built-in names always win, so a saved file cannot silently change what "h100-sxm" means.
+        Returns a fresh copy: changing it does not change the built-in.
+        """
+        key = _slug(name)
+        if key in BUILTIN_PROFILES:
+            return _copy(BUILTIN_PROFILES[key])
+        saved = _saved_profiles()
+        if key in saved:
+            return cls.from_json(saved[key])
+        raise ValueError(
+            f"unknown hardware profile {name!r}; built-in: {', '.join(sorted(BUILTIN_PROFILES))}"
+            + (f"; saved in {profiles_dir()}: {', '.join(sorted(saved))}" if saved else "")
+        )
+
+
+def profiles_dir() -> Path:
+    """Where calibrated profiles live: `$SERVING_LAB_CACHE/profiles`, default `~/.cache/serving-lab/profiles`.
+
+    Not created here; `HardwareProfile.save` creates it when it writes.
+    """
+    root = os.environ.get("SERVING_LAB_CACHE") or "~/.cache/serving-lab"
+    return Path(root).expanduser() / "profiles"
+
+
+def known_profile_names() -> list[str]:
+    """Built-in names followed by the names of profiles saved in `profiles_dir()`."""
+    return sorted(BUILTIN_PROFILES) + sorted(set(_saved_profiles()) - set(BUILTIN_PROFILES))
+
+
+def _slug(name: str) -> str:
+    return "-".join(name.lower().replace("_", "-").split())
+
+
+def _saved_profiles() -> dict[str, Path]:
+    directory = profiles_dir()
+    if not directory.is_dir():
+        return {}
+    return {path.stem.lower(): path for path in sorted(directory.glob("*.json"))}
+
+
+def _copy(profile: HardwareProfile) -> HardwareProfile:
+    return replace(profile, peak_flops=dict(profile.peak_flops), provenance=dict(profile.provenance))
+
+
+# ---- built-in profiles ----------------------------------------------------------------------------
+
+_GPU_NOTE = (
+    "Vendor datasheet peaks (dense, no sparsity). Real kernels reach roughly 50-80% of peak FLOP/s and "
+    "70-90% of peak bandwidth; the cost model applies no fudge factor, so times are optimistic unless "
+    "you use profile.derated(...) or a calibrated profile. NVLink is stored per direction (half the "
+    "datasheet's bidirectional total). Overheads are guesses for a vLLM-like engine with CUDA graphs."
+)
+
+# GPU overhead guesses, shared by the three datasheet profiles (per step ~1 ms of scheduling, input
+# preparation and launch; ~10 us per request; block-table work ~0.1 us per KV block).
+_GPU_OVERHEADS = dict(step_overhead_s=1.0e-3, per_seq_overhead_s=10e-6, per_token_overhead_s=0.0,
+                      per_block_overhead_s=0.1e-6, interconnect_latency_s=10e-6, network_latency_s=10e-6)
+
+A100_80GB_SXM = HardwareProfile(
+    name="A100-80GB-SXM",
+    peak_flops={"float32": 19.5 * TERA, "bfloat16": 312 * TERA, "float16": 312 * TERA},
+    memory_bandwidth=2039 * GIGA,
+    memory_bytes=80e9,
+    interconnect_bandwidth=300 * GIGA,  # NVLink3: 600 GB/s bidirectional
+    network_bandwidth=25 * GIGA,  # one 200 Gb/s HDR InfiniBand NIC per GPU (DGX A100)
+    source="datasheet",
+    notes=_GPU_NOTE,
+    provenance={"reference": "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB)"},
+    **_GPU_OVERHEADS,
+)
+
+H100_SXM = HardwareProfile(
+    name="H100-SXM",
+    peak_flops={"float32": 67 * TERA, "bfloat16": 989 * TERA, "float16": 989 * TERA, "fp8": 1979 * TERA},
+    memory_bandwidth=3350 * GIGA,
+    memory_bytes=80e9,
+    interconnect_bandwidth=450 * GIGA,  # NVLink4: 900 GB/s bidirectional
+    network_bandwidth=50 * GIGA,  # one 400 Gb/s NDR InfiniBand NIC per GPU (DGX H100)
+    source="datasheet",
+    notes=_GPU_NOTE,
+    provenance={"reference": "NVIDIA H100 Tensor Core GPU datasheet (SXM5 80GB)"},
+    **_GPU_OVERHEADS,
+)
+
+H200 = HardwareProfile(
+    name="H200",
+    peak_flops={"float32": 67 * TERA, "bfloat16": 989 * TERA, "float16": 989 * TERA, "fp8": 1979 * TERA},
+    memory_bandwidth=4800 * GIGA,
+    memory_bytes=141e9,
+    interconnect_bandwidth=450 * GIGA,
+    network_bandwidth=50 * GIGA,
+    source="datasheet",
+    notes=_GPU_NOTE,
+    provenance={"reference": "NVIDIA H200 Tensor Core GPU datasheet (SXM 141GB)"},
+    **_GPU_OVERHEADS,
+)
+
+LOCAL_CPU = HardwareProfile(
+    name="local-cpu",
+    peak_flops={"float32": 375 * GIGA, "bfloat16": 2.3 * TERA},
+    memory_bandwidth=27 * GIGA,
+    memory_bytes=16 * 2**30,
+    # Python-level costs dominate a small model on a CPU: a decode step runs a few hundred operators.
+    step_overhead_s=3e-3,
+    per_seq_overhead_s=50e-6,
+    per_token_overhead_s=2e-6,
+    per_block_overhead_s=0.5e-6,
+    interconnect_bandwidth=10 * GIGA,  # no tensor parallelism on one CPU; a shared-memory guess
+    interconnect_latency_s=20e-6,
+    network_bandwidth=1.25 * GIGA,  # 10 Gb/s Ethernet guess, for simulated KV transfer
+    network_latency_s=50e-6,
+    source="datasheet-like estimate",
+    notes=(
+        "Measured leads from shared/PERF-NOTES.md for a 2-core AVX-512/AMX-bf16 machine (torch 2.13 CPU, "
+        "2 threads): DRAM copy ~27 GB/s, 2048^3 matmul ~375 GFLOP/s fp32 and ~2.3 TFLOP/s bf16 (AMX). "
+        "At batch 1 bf16 matrix-vector products stream only ~9 GB/s, so bf16 decode is priced "
+        "optimistically here. Overheads are guesses. Replace with a calibrated profile (sim/calibrate.py)."
+    ),
+    provenance={"reference": "shared/PERF-NOTES.md", "threads": 2, "torch": "2.13.0+cpu"},
+)
+
+DEFAULT_CPU_PROFILE = "local-cpu"
+
+BUILTIN_PROFILES: dict[str, HardwareProfile] = {
+    _slug(profile.name): profile for profile in (A100_80GB_SXM, H100_SXM, H200, LOCAL_CPU)
+}

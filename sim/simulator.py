@@ -1,0 +1,119 @@
+"""`Simulator`: one engine replica, simulated: `Simulator(model, hardware, config).run(workload)`.
+
+This module owns the choices that turn "a model on a device with these knobs" into a simulated engine:
+which model and hardware profile (by object or by name), how many KV blocks the pool holds, and which
+step timer prices a step. The run itself is the core scheduler inside a `SimulatedExecutor`
+(sim/executor.py), fed the workload's requests at their arrival times; the result is the same
+`RunMetrics` the real engine fills, so a notebook compares the two field by field.
+
+Defaults
+- model: SmolLM2-135M, the model the real engine runs in the lessons;
+- hardware: this machine's calibrated profile if sim/calibrate.py has saved one, else the built-in CPU
+  estimate, with a warning (`default_hardware`);
+- KV pool, first that applies: `num_kv_blocks` given here; `config.num_kv_blocks`;
+  `config.kv_cache_memory` bytes / bytes per block; else vLLM-style profiling of the device memory
+  (`sim.cost_model.kv_cache_num_blocks`: memory x 0.9 - weights - activations).
+
+Invariant: the same workload and configuration give the same `RunMetrics` to the last digit. Nothing
+here reads a wall clock or an unseeded random source; workloads carry their own seed.
+
+Lesson: every lesson's "simulated" column; lessons/07-tuning-knobs.md (sweeping configurations fast).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import simpy
+
+from ref_engine.core.config import EngineConfig
+from ref_engine.core.metrics import RunMetrics
+from ref_engine.core.scheduler import make_scheduler
+from ref_engine.core.workload import Workload
+from ref_engine.model.arch_config import DEFAULT_MODEL_NAME, ArchConfig
+from sim import hardware as hardware_module
+from sim.cost_model import CostModel, kv_cache_num_blocks
+from sim.executor import CostModelTimer, SimulatedExecutor, StepTimer
+from sim.hardware import DEFAULT_CPU_PROFILE, HardwareProfile, dtype_bytes
+
+
+def default_hardware() -> HardwareProfile:
+    """This machine's calibrated profile if one is saved, else the built-in CPU estimate (with a warning)."""
+    load_calibrated = getattr(hardware_module, "load_calibrated_profile", None)
+    profile = load_calibrated() if load_calibrated is not None else None
+    if profile is None:
+        warnings.warn(
+            f"no calibrated hardware profile for this machine; simulating the built-in estimate "
+            f"{DEFAULT_CPU_PROFILE!r} (run sim/calibrate.py to measure one)", stacklevel=4)
+        profile = HardwareProfile.named(DEFAULT_CPU_PROFILE)
+    return profile
+
+
+def resolve_model(model: ArchConfig | str | None) -> ArchConfig:
+    if model is None:
+        return ArchConfig.named(DEFAULT_MODEL_NAME)
+    return ArchConfig.named(model) if isinstance(model, str) else model
+
+
+def resolve_hardware(hardware: HardwareProfile | str | None) -> HardwareProfile:
+    if hardware is None:
+        return default_hardware()
+    return HardwareProfile.named(hardware) if isinstance(hardware, str) else hardware
+
+
+def kv_bytes_per_block(arch: ArchConfig, dtype: str, block_size: int, tensor_parallel_size: int = 1) -> int:
+    """Bytes of one KV block on one device: block_size tokens x K and V x layers x this device's KV heads."""
+    kv_heads_per_device = math.ceil(arch.num_kv_heads / tensor_parallel_size)
+    return block_size * 2 * arch.num_layers * kv_heads_per_device * arch.head_dim * dtype_bytes(dtype)
+
+
+def num_kv_blocks_for(arch: ArchConfig, hardware: HardwareProfile, config: EngineConfig,
+                      dtype: str = "bfloat16", tensor_parallel_size: int = 1) -> int:
+    """The KV pool size of one replica (per device): `config.num_kv_blocks`, else `config.kv_cache_memory`
+    divided into blocks, else what fits in the device memory after weights and activations."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    if config.kv_cache_memory is not None:
+        num_blocks = config.kv_cache_memory // kv_bytes_per_block(arch, dtype, config.block_size,
+                                                                  tensor_parallel_size)
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_memory={config.kv_cache_memory} bytes holds not one KV block "
+                             f"of {arch.name}")
+        return num_blocks
+    return kv_cache_num_blocks(arch, hardware, dtype, config.block_size, tp=tensor_parallel_size,
+                               max_num_batched_tokens=config.max_num_batched_tokens,
+                               max_num_seqs=config.max_num_seqs)
+
+
+class Simulator:
+    """One simulated engine replica. Construction resolves names and sizes; `run` may be called many times
+    (except with a `ReplayTimer`, which replays one run's step times)."""
+
+    def __init__(self, model: ArchConfig | str | None = None, hardware: HardwareProfile | str | None = None,
+                 config: EngineConfig | None = None, dtype: str = "bfloat16", tensor_parallel_size: int = 1,
+                 num_kv_blocks: int | None = None, step_timer: StepTimer | None = None) -> None:
+        self.arch = resolve_model(model)
+        self.hardware = resolve_hardware(hardware)
+        # max_model_len settled for this model (its max_position_embeddings when unset), as the engine does
+        config = config if config is not None else EngineConfig()
+        self.config = config.for_model(self.arch.max_position_embeddings)
+        self.dtype = dtype
+        self.tensor_parallel_size = tensor_parallel_size
+        self.cost_model = CostModel(self.arch, self.hardware, dtype, tensor_parallel_size,
+                                    block_size=self.config.block_size)
+        self.num_kv_blocks = num_kv_blocks if num_kv_blocks is not None else num_kv_blocks_for(
+            self.arch, self.hardware, self.config, dtype, tensor_parallel_size)
+        self.step_timer = step_timer if step_timer is not None else CostModelTimer(self.cost_model)
+
+    def make_executor(self, env: simpy.Environment, name: str = "engine") -> SimulatedExecutor:
+        """A fresh replica (new scheduler, empty KV pool) on `env`'s clock."""
+        return SimulatedExecutor(env, make_scheduler(self.config, self.num_kv_blocks), self.step_timer, name)
+
+    def run(self, workload: Workload) -> RunMetrics:
+        """Serve `workload` from an empty engine at time 0 until every request finished or was refused."""
+        env = simpy.Environment()
+        executor = self.make_executor(env)
+        env.process(executor.feed(workload.make_requests(self.arch.vocab_size)))
+        env.run()
+        return executor.metrics()

@@ -1,0 +1,13 @@
+"""The core and the simulator must import without torch (DESIGN.md: the core is torch-free)."""
+
+import subprocess
+import sys
+
+
+def test_core_and_sim_import_without_torch():
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # any `import torch` now raises ImportError
+        "import ref_engine.core, ref_engine.core.scheduler, ref_engine.model.arch_config\n"
+        "import sim.cost_model, sim.hardware\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,265 @@
+"""The cost model: hand-computed FLOPs, bytes and times on a tiny model, then the shapes the lessons rely on."""
+
+from __future__ import annotations
+
+import math
+from itertools import pairwise
+
+import pytest
+
+from ref_engine.model.arch_config import ArchConfig
+from sim.cost_model import (
+    FITTED_FEATURE_NAMES,
+    ROOFLINE_FEATURE_NAMES,
+    ROOFLINE_UNKNOWNS,
+    BatchShape,
+    CostModel,
+    FittedStepModel,
+    estimate_activation_bytes,
+    fitted_features,
+    kv_cache_num_blocks,
+)
+from sim.hardware import HardwareProfile
+
+# ---- a tiny model and a made-up profile with round numbers ----------------------------------------
+#
+# L=2, H=8, 2 heads of d=4 (q_size 8), 1 KV head (kv_size 4), I=16, V=32, untied.
+#   params_per_layer = 8*(8 + 2*4) + 8*8 + 3*8*16 + 2*8 = 128 + 64 + 384 + 16 = 592
+#   P = L * 592 = 1184;  num_params = 32*8 (embed) + 32*8 (lm_head) + 1184 + 8 = 1704
+#   kv bytes per token (bf16) = 2 * 2 layers * 4 * 2 bytes = 32
+#   attention FLOPs per (query, key) pair = 4 * L * nh * d = 64
+#   activation bytes per token = L * (4H + 2*8 + 2*4 + 3I) * 2 = 2 * 104 * 2 = 416; per logit row V*2 = 64
+
+
+@pytest.fixture
+def tiny() -> ArchConfig:
+    return ArchConfig(name="tiny", architecture="llama", num_layers=2, hidden_size=8, num_attention_heads=2,
+                      num_kv_heads=1, head_dim=4, intermediate_size=16, vocab_size=32)
+
+
+@pytest.fixture
+def toy_hw() -> HardwareProfile:
+    # ridge point 2 FLOP/byte: the tiny decode below is memory-bound, the tiny prefill compute-bound
+    return HardwareProfile(name="toy", peak_flops={"bfloat16": 2e8}, memory_bandwidth=1e8, memory_bytes=10_000,
+                           step_overhead_s=1e-3, per_seq_overhead_s=1e-4, per_token_overhead_s=1e-5,
+                           per_block_overhead_s=1e-6, interconnect_bandwidth=1e7, interconnect_latency_s=1e-5,
+                           network_bandwidth=1e6, network_latency_s=1e-3)
+
+
+def test_tiny_arch_sizes(tiny):
+    assert tiny.params_per_layer == 592
+    assert tiny.num_params == 1704
+    assert tiny.kv_bytes_per_token(2) == 32
+
+
+def test_decode_by_hand(tiny, toy_hw):
+    # two requests decoding one token each after 3 and 6 cached tokens, block size 4
+    cost = CostModel(tiny, toy_hw, block_size=4).breakdown(BatchShape.from_pairs([(1, 3), (1, 6)]))
+    assert cost.linear_flops == 2 * 1184 * 2 + 2 * 32 * 8 * 2 == 5760
+    assert cost.attention_flops == 64 * (1 * (3 + 1) + 1 * (6 + 1)) == 704
+    assert cost.weight_bytes == (1184 + 8) * 2 + 32 * 8 * 2 + 2 * 8 * 2 == 2928
+    assert cost.kv_read_bytes == 32 * (4 + 7) == 352
+    assert cost.kv_write_bytes == 32 * 2 == 64
+    assert cost.activation_bytes == 416 * 2 + 64 * 2 == 960
+    assert cost.num_blocks == 1 + 2
+    assert cost.compute_s == pytest.approx(6464 / 2e8)
+    assert cost.memory_s == pytest.approx(4304 / 1e8)
+    assert cost.overhead_s == pytest.approx(1e-3 + 2 * 1e-4 + 2 * 1e-5 + 3 * 1e-6)
+    assert cost.comm_s == 0
+    assert cost.bound == "memory"
+    assert cost.total_s == pytest.approx(4.304e-5 + 1.223e-3)
+
+
+def test_prefill_by_hand(tiny, toy_hw):
+    model = CostModel(tiny, toy_hw, block_size=4)
+    cost = model.breakdown(BatchShape.prefill(8))
+    assert cost.linear_flops == 2 * 1184 * 8 + 2 * 32 * 8 * 1 == 19456  # lm_head for the last row only
+    assert cost.attention_flops == 64 * 8 * (0 + 9 / 2) == 2304  # 36 causal (query, key) pairs
+    assert cost.weight_bytes == 2384 + 512 + 8 * 16 == 3024
+    assert cost.kv_read_bytes == cost.kv_write_bytes == 256
+    assert cost.activation_bytes == 416 * 8 + 64 == 3392
+    assert cost.bound == "compute"
+    assert cost.compute_s == pytest.approx(21760 / 2e8)
+    assert cost.total_s == pytest.approx(1.088e-4 + 1e-3 + 1e-4 + 8e-5 + 2e-6)
+    assert model.step_time(BatchShape.prefill(8)) == pytest.approx(cost.total_s)
+
+
+def test_mid_prompt_chunk_needs_no_logits(tiny, toy_hw):
+    # a 4-token chunk after 4 cached tokens that does not end the prompt: no lm_head at all
+    cost = CostModel(tiny, toy_hw, block_size=4).breakdown(BatchShape((4,), (4,), num_logit_rows=0))
+    assert cost.linear_flops == 2 * 1184 * 4
+    assert cost.attention_flops == 64 * 4 * (4 + 5 / 2)
+    assert cost.weight_bytes == 2384 + 4 * 16
+    assert cost.kv_read_bytes == 32 * 8
+    assert cost.num_blocks == 2
+
+
+def test_sum_combine_and_roofline_features(tiny, toy_hw):
+    shape = BatchShape.from_pairs([(1, 3), (1, 6)])
+    model = CostModel(tiny, toy_hw, block_size=4, combine="sum")
+    cost = model.breakdown(shape)
+    assert cost.total_s == pytest.approx(6.464e-5 / 2 + 4.304e-5 + 1.223e-3)
+    assert model.step_time(shape) > CostModel(tiny, toy_hw, block_size=4).step_time(shape)
+    features = model.roofline_features(shape)
+    assert len(features) == len(ROOFLINE_FEATURE_NAMES) == len(ROOFLINE_UNKNOWNS)
+    assert features == (1.0, 2.0, 2.0, 3.0, 6464.0, 4304.0)
+    unknowns = (toy_hw.step_overhead_s, toy_hw.per_seq_overhead_s, toy_hw.per_token_overhead_s,
+                toy_hw.per_block_overhead_s, 1 / 2e8, 1 / 1e8)
+    assert sum(f * u for f, u in zip(features, unknowns, strict=True)) == pytest.approx(model.step_time(shape))
+
+
+def test_tensor_parallel_by_hand(tiny, toy_hw):
+    shape = BatchShape.from_pairs([(1, 3), (1, 6)])
+    cost = CostModel(tiny, toy_hw, block_size=4, tensor_parallel_size=2).breakdown(shape)
+    # 2 all-reduces per layer x 2 layers, each 1e-5 s + 2*(2-1)/2 * (2 tokens * 8 * 2 bytes) / 1e7 B/s
+    assert cost.comm_s == pytest.approx(4 * (1e-5 + 32 / 1e7))
+    assert cost.memory_s == pytest.approx(4304 / 1e8 / 2)
+    assert cost.total_s == pytest.approx(4304 / 2e8 + cost.comm_s + 1.223e-3)
+
+
+def test_given_blocks_and_kv_transfer(tiny, toy_hw):
+    model = CostModel(tiny, toy_hw, block_size=4)
+    assert model.breakdown(BatchShape((1,), (3,), num_blocks_touched=10)).num_blocks == 10
+    assert model.kv_transfer_time(100) == pytest.approx(1e-3 + 32 * 100 / 1e6)
+    assert model.kv_transfer_time(100, link="interconnect") == pytest.approx(1e-5 + 32 * 100 / 1e7)
+
+
+def test_batch_shape_validation():
+    shape = BatchShape([2, 1], [0, 5])  # lists become tuples
+    assert shape.query_lens == (2, 1) and shape.num_tokens == 3 and shape.num_seqs == 2
+    assert BatchShape.from_lists([2, 1], [0, 5]) == shape == BatchShape.from_pairs([(2, 0), (1, 5)])
+    assert hash(shape) == hash(BatchShape.from_pairs([(2, 0), (1, 5)]))
+    with pytest.raises(ValueError, match="empty"):
+        BatchShape((), ())
+    with pytest.raises(ValueError, match="one of each"):
+        BatchShape((1, 1), (0,))
+    with pytest.raises(ValueError, match=">= 1"):
+        BatchShape((0,), (0,))
+    with pytest.raises(ValueError, match=">= 0"):
+        BatchShape((1,), (-1,))
+
+
+def test_constructor_errors(tiny, toy_hw):
+    with pytest.raises(ValueError, match="float32"):
+        CostModel(tiny, toy_hw, dtype="float32")  # the toy profile only knows bfloat16
+    with pytest.raises(ValueError, match="combine"):
+        CostModel(tiny, toy_hw, combine="min")
+    no_link = HardwareProfile(name="lonely", peak_flops={"bfloat16": 1.0}, memory_bandwidth=1, memory_bytes=1)
+    with pytest.raises(ValueError, match="interconnect"):
+        CostModel(tiny, no_link, tensor_parallel_size=2)
+
+
+# ---- the shapes the lessons show, on real dims ------------------------------------------------------
+
+LLAMA_8B = ArchConfig.named("llama-3.1-8b")
+LLAMA_70B = ArchConfig.named("llama-3.1-70b")
+
+
+@pytest.fixture
+def h100() -> HardwareProfile:
+    return HardwareProfile.named("h100-sxm")
+
+
+def test_decode_batch_1_is_memory_bound_big_prefill_compute_bound(h100):
+    model = CostModel(LLAMA_8B, h100)
+    decode = model.breakdown(BatchShape.decode(1, 512))
+    assert decode.bound == "memory"
+    # ~15 GB of bf16 weights at 3.35 TB/s: ~4.5 ms. Not the whole 16 GB: of the 1 GB (untied) embedding
+    # table a step reads only the rows of its tokens.
+    embedding = LLAMA_8B.vocab_size * LLAMA_8B.hidden_size * 2
+    assert decode.memory_s == pytest.approx((LLAMA_8B.weight_bytes(2) - embedding) / 3.35e12, rel=0.02)
+    prefill = model.breakdown(BatchShape.prefill(4096))
+    assert prefill.bound == "compute"
+    assert prefill.arithmetic_intensity > 989e12 / 3.35e12
+
+
+def test_decode_is_flat_until_a_knee(h100):
+    model = CostModel(LLAMA_8B, h100)
+    batches = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
+    times = [model.step_time(BatchShape.decode(b, 512)) for b in batches]
+    assert all(later > earlier for earlier, later in pairwise(times))
+    assert times[batches.index(32)] / times[0] < 1.3  # 32x the tokens for < 1.3x the time
+    assert times[-1] / times[-2] > 1.6  # past the knee: time ~ proportional to batch
+    tokens_per_s = [b / t for b, t in zip(batches, times, strict=True)]
+    assert tokens_per_s[batches.index(32)] > 25 * tokens_per_s[0]
+
+
+def test_prefill_throughput_saturates(h100):
+    model = CostModel(LLAMA_8B, h100)
+    rate = {n: n / model.step_time(BatchShape.prefill(n)) for n in (16, 512, 2048, 8192)}
+    assert rate[512] > 10 * rate[16]
+    assert rate[8192] == pytest.approx(rate[2048], rel=0.15)  # compute-bound plateau
+
+
+def test_tensor_parallel_speeds_up_a_big_model(h100):
+    for shape in (BatchShape.decode(32, 1024), BatchShape.prefill(2048)):
+        times = [CostModel(LLAMA_70B, h100, tensor_parallel_size=tp).step_time(shape) for tp in (1, 2, 4, 8)]
+        assert all(later < earlier for earlier, later in pairwise(times)), times
+        assert CostModel(LLAMA_70B, h100, tensor_parallel_size=8).breakdown(shape).comm_s > 0
+
+
+def test_tiny_blocks_cost_more(h100):
+    # the left side of the block-size U-shape: per-block work grows as blocks shrink
+    shape = BatchShape.decode(64, 1024)
+    times = [CostModel(LLAMA_8B, h100, block_size=bs).step_time(shape) for bs in (1, 4, 16)]
+    assert times[0] > times[1] > times[2]
+
+
+def test_kv_cache_num_blocks_llama_8b_on_h100(h100):
+    blocks = kv_cache_num_blocks(LLAMA_8B, h100, "bfloat16", block_size=16, gpu_memory_utilization=0.9)
+    # (72 GB - 16 GB of weights - ~1 GB of activations) / (16 tokens x 128 KiB)
+    assert 25_500 <= blocks <= 27_000
+    no_activations = kv_cache_num_blocks(LLAMA_8B, h100, activation_reserve_bytes=0)
+    assert no_activations == int((72e9 - LLAMA_8B.weight_bytes(2)) // (16 * 128 * 1024))
+    assert kv_cache_num_blocks(LLAMA_8B, h100, kv_cache_dtype="fp8") > 1.9 * blocks
+
+
+def test_kv_cache_num_blocks_70b_needs_tensor_parallelism(h100):
+    with pytest.raises(ValueError, match="Llama-3.1-70B"):
+        kv_cache_num_blocks(LLAMA_70B, h100)
+    assert kv_cache_num_blocks(LLAMA_70B, h100, tp=4) > 10_000
+
+
+def test_kv_cache_num_blocks_by_hand(tiny, toy_hw):
+    # (10000 * 0.5 - 1704 * 2) bytes / (4 tokens * 32 bytes) = 1592 / 128 -> 12 blocks
+    assert kv_cache_num_blocks(tiny, toy_hw, block_size=4, gpu_memory_utilization=0.5,
+                               activation_reserve_bytes=0) == 12
+    # tp=2: half the weights; the single KV head is replicated, so a block still costs 128 bytes
+    assert kv_cache_num_blocks(tiny, toy_hw, block_size=4, gpu_memory_utilization=0.5, tp=2,
+                               activation_reserve_bytes=0) == (5000 - 1704) // 128
+    with pytest.raises(ValueError, match="not one KV block"):
+        kv_cache_num_blocks(tiny, toy_hw, block_size=4, gpu_memory_utilization=0.5,
+                            activation_reserve_bytes=1590)
+    assert estimate_activation_bytes(tiny, "bfloat16", 10, 2) == 10 * (16 + 16 + 8 + 48) * 2 + 2 * 32 * 4
+
+
+# ---- the DistServe-style fitted model ---------------------------------------------------------------
+
+def test_fitted_features_by_hand():
+    shape = BatchShape.from_pairs([(8, 0), (4, 10), (1, 99), (1, 9)])
+    assert len(FITTED_FEATURE_NAMES) == 5
+    assert fitted_features(shape) == (1.0, 12.0, 8 * 8 + 4 * (4 + 20), 100.0 + 10.0, 2.0)
+
+
+def test_fitted_model_recovers_its_coefficients():
+    truth = FittedStepModel(intercept_s=2e-3, prefill_token_s=1e-5, prefill_quadratic_s=1e-9,
+                            decode_context_s=2e-8, decode_seq_s=5e-5)
+    shapes = [BatchShape.prefill(n) for n in (16, 64, 256, 1024)]
+    shapes += [BatchShape.decode(b, c) for b in (1, 8, 32) for c in (64, 1000)]
+    shapes += [BatchShape.from_pairs([(128, 256), (1, 500), (1, 20)])]
+    times = [truth.step_time(s) for s in shapes]
+    fitted = FittedStepModel.fit(shapes, times)
+    for got, want in zip(fitted.coefficients, truth.coefficients, strict=True):
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-15)
+    assert truth.step_time(BatchShape.prefill(100)) == pytest.approx(2e-3 + 1e-3 + 1e-5)
+    assert FittedStepModel.from_coefficients(truth.coefficients) == truth
+    with pytest.raises(ValueError, match="5 coefficients"):
+        FittedStepModel.from_coefficients([1.0, 2.0])
+
+
+def test_step_time_is_cheap(h100):
+    """The simulator calls step_time per step; keep it a single pass (no timing assert, just sanity)."""
+    model = CostModel(LLAMA_8B, h100)
+    shape = BatchShape.decode(256, 1000)
+    assert math.isfinite(model.step_time(shape))
+    assert model.step_time(shape) == pytest.approx(model.breakdown(shape).total_s)

@@ -1,0 +1,147 @@
+"""HardwareProfile: built-in numbers, lookup by name, JSON round trip, where profiles are saved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.hardware import (
+    BUILTIN_PROFILES,
+    DEFAULT_CPU_PROFILE,
+    HardwareProfile,
+    dtype_bytes,
+    known_profile_names,
+    profiles_dir,
+)
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    """Never read or write the real ~/.cache from tests."""
+    monkeypatch.setenv("SERVING_LAB_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_builtin_datasheet_numbers():
+    a100 = HardwareProfile.named("A100-80GB-SXM")
+    h100 = HardwareProfile.named("H100-SXM")
+    h200 = HardwareProfile.named("H200")
+    assert a100.peak_flops["bfloat16"] == pytest.approx(312e12)
+    assert a100.peak_flops["float32"] == pytest.approx(19.5e12)
+    assert a100.memory_bandwidth == pytest.approx(2.039e12)
+    assert h100.peak_flops["bfloat16"] == pytest.approx(989e12)
+    assert h100.peak_flops["float32"] == pytest.approx(67e12)
+    assert h100.memory_bandwidth == pytest.approx(3.35e12)
+    assert h200.peak_flops["bfloat16"] == h100.peak_flops["bfloat16"]
+    assert h200.memory_bandwidth == pytest.approx(4.8e12)
+    assert h200.memory_bytes == pytest.approx(141e9)
+    for profile in (a100, h100, h200):
+        assert profile.source == "datasheet"
+        assert profile.memory_bytes >= 80e9
+        assert "50-80%" in profile.notes
+        # NVLink is stored per direction: half the datasheet's 600 / 900 GB/s bidirectional totals.
+        assert profile.interconnect_bandwidth in (300e9, 450e9)
+
+
+def test_cpu_profile_comes_from_perf_notes():
+    cpu = HardwareProfile.named(DEFAULT_CPU_PROFILE)
+    assert cpu.source == "datasheet-like estimate"
+    assert cpu.memory_bandwidth == pytest.approx(27e9)
+    assert cpu.peak_flops["float32"] == pytest.approx(375e9)
+    assert cpu.peak_flops["bfloat16"] == pytest.approx(2.3e12)
+    assert cpu.step_overhead_s > 0 and cpu.per_block_overhead_s > 0
+
+
+def test_named_is_case_insensitive_and_returns_a_copy():
+    assert HardwareProfile.named("h100-sxm") == HardwareProfile.named("H100-SXM")
+    assert HardwareProfile.named("h100_sxm").name == "H100-SXM"
+    mine = HardwareProfile.named("h200")
+    mine.peak_flops["bfloat16"] = 1.0
+    mine.provenance["x"] = 1
+    assert HardwareProfile.named("h200").peak_flops["bfloat16"] == pytest.approx(989e12)
+    assert "x" not in HardwareProfile.named("h200").provenance
+
+
+def test_named_unknown_lists_known_names():
+    with pytest.raises(ValueError) as err:
+        HardwareProfile.named("tpu-v5")
+    message = str(err.value)
+    assert "tpu-v5" in message
+    for name in BUILTIN_PROFILES:
+        assert name in message
+
+
+def test_json_round_trip(tmp_path):
+    profile = HardwareProfile.named("a100-80gb-sxm")
+    profile.provenance.update({"device": "A100", "fit_errors": {"mape": 0.04}})
+    path = profile.to_json(tmp_path / "sub" / "a100.json")
+    assert json.loads(path.read_text())["name"] == "A100-80GB-SXM"
+    assert HardwareProfile.from_json(path) == profile
+
+
+def test_from_json_rejects_unknown_fields(tmp_path):
+    data = HardwareProfile.named("h100-sxm").to_dict()
+    data["efficiency"] = 0.7
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="efficiency"):
+        HardwareProfile.from_json(path)
+
+
+def test_profiles_dir_default_and_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("SERVING_LAB_CACHE", str(tmp_path / "elsewhere"))
+    assert profiles_dir() == tmp_path / "elsewhere" / "profiles"
+    monkeypatch.delenv("SERVING_LAB_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert profiles_dir() == tmp_path / "home" / ".cache" / "serving-lab" / "profiles"
+
+
+def test_saved_profile_is_found_by_name(isolated_cache):
+    calibrated = HardwareProfile(
+        name="My-CPU-Calibrated", peak_flops={"float32": 3e11}, memory_bandwidth=2e10, memory_bytes=8e9,
+        step_overhead_s=2e-3, source="calibrated",
+        provenance={"device": "cpu", "dtype": "float32", "threads": 2, "torch": "2.13.0+cpu",
+                    "model": "smollm2-135m", "attention": "torch-reference", "date": "2025-01-01"},
+    )
+    path = calibrated.save()
+    assert path == isolated_cache / "profiles" / "my-cpu-calibrated.json"
+    assert HardwareProfile.named("my-cpu-calibrated") == calibrated
+    assert "my-cpu-calibrated" in known_profile_names()
+    with pytest.raises(ValueError, match="my-cpu-calibrated"):
+        HardwareProfile.named("nothing-like-it")
+
+
+def test_builtin_names_win_over_saved_files(isolated_cache):
+    impostor = HardwareProfile.named("h100-sxm")
+    impostor.memory_bandwidth = 1.0
+    impostor.to_json(Path(isolated_cache) / "profiles" / "h100-sxm.json")
+    assert HardwareProfile.named("h100-sxm").memory_bandwidth == pytest.approx(3.35e12)
+
+
+def test_derated_scales_rates_and_records_it():
+    h100 = HardwareProfile.named("h100-sxm")
+    real = h100.derated(compute=0.8, memory=0.9)
+    assert real.peak_flops["bfloat16"] == pytest.approx(0.8 * 989e12)
+    assert real.memory_bandwidth == pytest.approx(0.9 * 3.35e12)
+    assert real.step_overhead_s == h100.step_overhead_s
+    assert real.source == "derated datasheet"
+    assert real.provenance["derated_from"] == "H100-SXM"
+    with pytest.raises(ValueError):
+        h100.derated(compute=1.5)
+
+
+def test_validation_and_dtype_lookup():
+    with pytest.raises(ValueError, match="memory_bandwidth"):
+        HardwareProfile(name="x", peak_flops={"float32": 1.0}, memory_bandwidth=0, memory_bytes=1)
+    with pytest.raises(ValueError, match="step_overhead_s"):
+        HardwareProfile(name="x", peak_flops={"float32": 1.0}, memory_bandwidth=1, memory_bytes=1,
+                        step_overhead_s=-1)
+    with pytest.raises(ValueError, match="peak_flops"):
+        HardwareProfile(name="x", peak_flops={}, memory_bandwidth=1, memory_bytes=1)
+    with pytest.raises(ValueError, match="float16"):
+        HardwareProfile.named(DEFAULT_CPU_PROFILE).flops_for("float16")
+    assert dtype_bytes("bfloat16") == 2 and dtype_bytes("float32") == 4
+    with pytest.raises(ValueError, match="bfloat16"):
+        dtype_bytes("bf16")

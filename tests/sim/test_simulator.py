@@ -1,0 +1,230 @@
+"""Tests of the single-replica simulator: determinism, conservation, replay against the bare core, defaults,
+and two qualitative results from the literature (Orca: continuous vs static; vLLM: paged vs reserving).
+
+No timing asserts here: the simulator's speed is measured by benchmarks/sim_speed.py.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from itertools import pairwise
+from statistics import fmean
+
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sim.hardware
+from ref_engine.core import EngineConfig, Exponential, RequestStatus, StepResult, Workload, make_scheduler
+from sim import Simulator
+from sim.cost_model import kv_cache_num_blocks
+from sim.executor import ReplayTimer
+from sim.hardware import HardwareProfile
+from sim.simulator import kv_bytes_per_block
+
+SMALL = dict(model="smollm2-135m", hardware="local-cpu")
+
+
+def small_workload(seed: int, n: int = 40) -> Workload:
+    return Workload.synthetic(n, (8, 120), Exponential(24, 80, minimum=2), arrival=200.0, seed=seed)
+
+
+# ---- determinism ----
+
+def test_same_seed_gives_identical_metrics_to_the_last_digit():
+    config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=64)
+    runs = [Simulator(**SMALL, config=config, num_kv_blocks=40).run(small_workload(seed=7)) for _ in range(2)]
+    assert repr(runs[0].to_dict()) == repr(runs[1].to_dict())
+    assert runs[0].steps == runs[1].steps
+
+
+def test_different_seeds_give_different_metrics():
+    simulator = Simulator(**SMALL, config=EngineConfig(max_num_seqs=8, max_num_batched_tokens=64))
+    assert simulator.run(small_workload(seed=1)).to_dict() != simulator.run(small_workload(seed=2)).to_dict()
+
+
+# ---- conservation and invariants over random workloads ----
+
+@st.composite
+def scenarios(draw):
+    block_size = draw(st.sampled_from([1, 4, 16]))
+    max_model_len = draw(st.integers(16, 160))
+    chunked = draw(st.booleans())
+    budget = draw(st.integers(1, 96)) if chunked else draw(st.integers(max_model_len, max_model_len + 64))
+    config = EngineConfig(
+        block_size=block_size, max_num_seqs=draw(st.integers(1, 12)), max_num_batched_tokens=budget,
+        max_model_len=max_model_len, enable_chunked_prefill=chunked,
+        preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
+        # weighted towards the combination that can preempt: continuous and paged
+        scheduling=draw(st.sampled_from(["continuous", "continuous", "continuous", "static"])),
+        kv_allocation=draw(st.sampled_from(["paged", "paged", "paged", "contiguous", "contiguous_exact"])),
+    )
+    blocks_for_one_max_length_request = -(-max_model_len // block_size)
+    num_kv_blocks = draw(st.integers(max(1, blocks_for_one_max_length_request // 2),
+                                     2 * blocks_for_one_max_length_request))
+    arrival = draw(st.sampled_from(["all", "all", 500.0, 5.0]))
+    workload = Workload.synthetic(
+        draw(st.integers(1, 30)), prompt_len=(1, draw(st.integers(1, max_model_len + 8))),
+        output_len=Exponential(draw(st.sampled_from([8.0, 32.0, 64.0])), cap=draw(st.integers(1, 128))),
+        arrival=arrival, seed=draw(st.integers(0, 2**16)))
+    return config, num_kv_blocks, workload
+
+
+@settings(max_examples=100, deadline=None)
+@given(scenarios())
+def test_every_request_finishes_or_is_refused_and_invariants_hold(scenario):
+    config, num_kv_blocks, workload = scenario
+    simulator = Simulator(**SMALL, config=config, num_kv_blocks=num_kv_blocks)
+    env = simpy.Environment()
+    executor = simulator.make_executor(env)
+    env.process(executor.feed(workload.make_requests(simulator.arch.vocab_size)))
+    env.run()
+    metrics = executor.metrics()
+
+    # conservation: every request finished (with exactly its max_tokens) or was refused
+    assert executor.num_refused + len(executor.requests) == len(workload)
+    assert metrics.completed + metrics.failed == len(workload)
+    for request in executor.requests:
+        assert request.status is RequestStatus.FINISHED_LENGTH
+        assert request.num_output_tokens == request.max_tokens
+        assert (request.arrival_time <= request.first_scheduled_time <= request.first_token_time
+                <= request.finish_time)
+    assert metrics.total_output_tokens == sum(r.num_output_tokens for r in executor.requests)
+    if metrics.duration > 0:
+        assert math.isclose(metrics.output_throughput * metrics.duration, metrics.total_output_tokens,
+                            rel_tol=1e-12)
+
+    # the KV pool is never overdrawn, and the budgets hold
+    for step in metrics.steps:
+        assert 0 <= step.kv_usage <= 1
+        assert step.num_live_tokens <= step.num_reserved_slots <= num_kv_blocks * config.block_size
+        assert step.num_tokens <= config.max_num_batched_tokens
+        assert 1 <= step.num_seqs <= config.max_num_seqs
+        assert step.duration > 0
+    # simulated time only moves forward: a step starts no earlier than the previous one ended
+    for before, after in pairwise(metrics.steps):
+        assert after.start >= before.start + before.duration
+        assert after.step_id == before.step_id + 1
+    # quiescence: the pool is whole again
+    assert executor.scheduler.kv_cache_manager.block_pool.num_free_blocks == num_kv_blocks
+
+
+# ---- replay: the simulator adds a clock to the core, nothing else ----
+
+def run_core_by_hand(config: EngineConfig, num_kv_blocks: int, workload: Workload, durations: list[float]):
+    """The core scheduler in a plain loop: add what has arrived, schedule, let the step take its time."""
+    scheduler = make_scheduler(config, num_kv_blocks)
+    pending = deque(sorted(workload.make_requests(49152), key=lambda r: r.arrival_time))
+    times = iter(durations)
+    now, steps = 0.0, []
+    while pending or scheduler.has_unfinished_requests():
+        while pending and pending[0].arrival_time <= now:
+            try:
+                scheduler.add_request(pending.popleft())
+            except ValueError:
+                pass
+        output = scheduler.schedule(now)
+        if output.is_empty:
+            now = pending[0].arrival_time  # idle until the next arrival
+            continue
+        start = now
+        now += next(times)
+        result = StepResult({s.request_id: [0] for s in output.scheduled if s.needs_logits})
+        scheduler.update_from_output(output, result, now)
+        steps.append((start, output.batch_shape, len(output.preempted_request_ids)))
+    return steps, scheduler.num_preemptions
+
+
+@pytest.mark.parametrize("scheduling, preemption_mode", [
+    ("continuous", "recompute"), ("continuous", "swap"), ("static", "recompute")])
+def test_replayed_step_times_reproduce_the_core_batch_by_batch(scheduling, preemption_mode):
+    config = EngineConfig(block_size=4, max_num_seqs=6, max_num_batched_tokens=48, max_model_len=128,
+                          scheduling=scheduling, preemption_mode=preemption_mode, num_swap_blocks=8)
+    workload = Workload.synthetic(30, (4, 60), Exponential(20, 60), arrival=40.0, seed=11)
+    rng = random.Random(3)
+    durations = [rng.uniform(0.005, 0.05) for _ in range(5000)]
+    num_kv_blocks = 40
+
+    expected, expected_preemptions = run_core_by_hand(config, num_kv_blocks, workload, durations)
+    metrics = Simulator(**SMALL, config=config, num_kv_blocks=num_kv_blocks,
+                        step_timer=ReplayTimer(durations)).run(workload)
+
+    assert [(s.query_lens, s.context_lens) for s in metrics.steps] == [shape for _, shape, _ in expected]
+    assert [s.num_preempted for s in metrics.steps] == [n for _, _, n in expected]
+    assert metrics.num_preemptions == expected_preemptions
+    assert all(math.isclose(s.start, start, rel_tol=1e-12, abs_tol=1e-12)
+               for s, (start, _, _) in zip(metrics.steps, expected, strict=True))
+    if scheduling == "continuous":
+        assert expected_preemptions > 0  # the pool is small enough that the replay covers preemption
+
+
+def test_replay_timer_says_when_it_runs_out():
+    simulator = Simulator(**SMALL, config=EngineConfig(), step_timer=ReplayTimer([0.01, 0.01]))
+    with pytest.raises(RuntimeError, match="ran out of durations"):
+        simulator.run(Workload.synthetic(2, 8, 8, seed=0))
+
+
+# ---- defaults and pool sizing ----
+
+def test_default_hardware_is_the_calibrated_profile_when_one_is_saved(monkeypatch):
+    calibrated = HardwareProfile.named("local-cpu").derated(compute=0.5)
+    monkeypatch.setattr(sim.hardware, "load_calibrated_profile", lambda: calibrated, raising=False)
+    assert Simulator().hardware is calibrated
+
+
+def test_default_hardware_falls_back_to_the_cpu_estimate_with_a_warning(monkeypatch):
+    monkeypatch.setattr(sim.hardware, "load_calibrated_profile", lambda: None, raising=False)
+    with pytest.warns(UserWarning, match="no calibrated hardware profile"):
+        simulator = Simulator()
+    assert simulator.hardware.name == "local-cpu"
+    assert simulator.arch.name == "SmolLM2-135M"
+
+
+def test_kv_pool_size_comes_from_the_first_knob_that_is_set():
+    per_block = kv_bytes_per_block(Simulator(**SMALL).arch, "bfloat16", 16)
+    assert per_block == Simulator(**SMALL).arch.kv_bytes_per_token(2) * 16
+    by_memory = EngineConfig(kv_cache_memory=10 * per_block + 5)
+    assert Simulator(**SMALL, config=by_memory).num_kv_blocks == 10
+    assert Simulator(**SMALL, config=by_memory.replace(num_kv_blocks=7)).num_kv_blocks == 7
+    assert Simulator(**SMALL, config=by_memory.replace(num_kv_blocks=7), num_kv_blocks=3).num_kv_blocks == 3
+    profiled = Simulator("llama-3.1-8b", "h100-sxm", EngineConfig())
+    assert profiled.num_kv_blocks == kv_cache_num_blocks(
+        profiled.arch, profiled.hardware, "bfloat16", 16, max_num_batched_tokens=512, max_num_seqs=64)
+
+
+# ---- qualitative reproduction of the literature (GPU profile, 7B-class model) ----
+
+def throughput_ratio(workload: Workload) -> float:
+    """Continuous over static output throughput, Llama-2-7B on an A100 profile."""
+    def run(scheduling: str) -> float:
+        config = EngineConfig(max_num_seqs=64, max_num_batched_tokens=4096, max_model_len=2048,
+                              scheduling=scheduling)
+        return Simulator("llama-2-7b", "a100-80gb-sxm", config).run(workload).output_throughput
+    return run("continuous") / run("static")
+
+
+def test_continuous_beats_static_by_a_margin_that_grows_with_output_length_variance():
+    # Orca (OSDI'22) and the Anyscale blog (2023): equal at low variance, the gap grows with it.
+    low_variance = throughput_ratio(Workload.synthetic(256, 128, Exponential(128, cap=32), seed=0))
+    high_variance = throughput_ratio(Workload.synthetic(256, 128, Exponential(128, cap=512), seed=0))
+    homogeneous = throughput_ratio(Workload.synthetic(256, 128, 128, seed=0))
+    assert 1.0 <= low_variance < 1.25
+    assert high_variance > low_variance + 0.5
+    assert homogeneous < 1.1  # Orca Fig 11: with equal lengths the gap nearly closes
+
+
+def test_reserving_max_length_wastes_most_kv_memory_and_paging_almost_none():
+    # vLLM (SOSP'23) Fig 2: reserving allocators hold 20-38% live tokens; paging wastes under ~4%.
+    workload = Workload.synthetic(256, 512, Exponential(128, cap=512), seed=0)
+
+    def live_fraction(kv_allocation: str) -> float:
+        config = EngineConfig(max_num_seqs=64, max_num_batched_tokens=4096, max_model_len=2048,
+                              kv_allocation=kv_allocation)
+        steps = Simulator("llama-2-7b", "a100-80gb-sxm", config, num_kv_blocks=2000).run(workload).steps
+        return fmean(s.num_live_tokens / s.num_reserved_slots for s in steps)
+
+    assert live_fraction("contiguous") < 0.5
+    assert live_fraction("paged") > 0.95
