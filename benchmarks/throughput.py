@@ -66,7 +66,7 @@ def main() -> None:
           f"torch {torch.__version__}, dtype {args.dtype}")
     print(f"workload: {args.num_requests} requests, prompts 32-512, outputs 16-256 (seed {args.seed}), "
           f"{workload.total_output_tokens} output tokens, batch size {args.batch_size}")
-    print(f"| system | duration (s) | output tok/s | vs transformers |")
+    print("| system | duration (s) | output tok/s | vs transformers |")
     print("| --- | --- | --- | --- |")
     ref = rows["transformers generate (static)"]["output_throughput"]
     for name, r in rows.items():

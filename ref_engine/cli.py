@@ -27,6 +27,12 @@ def _generate(args: argparse.Namespace) -> None:
         print(f"### {prompt}\n{out.outputs[0].text}\n")
 
 
+def _calibrate(args: argparse.Namespace) -> None:
+    from sim.calibrate import calibrate
+
+    calibrate(args.model, dtype=args.dtype)
+
+
 def _demo(args: argparse.Namespace) -> None:
     from ref_engine.demo import main as demo_main
 
@@ -49,6 +55,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--no-chat", dest="chat", action="store_false", help="send the raw prompt, no chat template")
     p.set_defaults(func=_generate)
+
+    p = sub.add_parser("calibrate", help="measure this machine with the engine and save its simulator profile")
+    p.add_argument("--model", default=None)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.set_defaults(func=_calibrate)
 
     p = sub.add_parser("demo", help="the course demo: engine and simulator side by side, with a report")
     p.add_argument("--model", default=None)

@@ -36,7 +36,7 @@ is not modelled.
 Output: `RunMetrics` over the end-to-end requests, with every replica's steps in one log ordered by start
 time; `Cluster.simulate` also returns each replica's own metrics.
 
-Lesson: lessons/03-scheduler.md (colocated vs xP+yD disaggregated, the KV link swept).
+Lesson: lessons/03-chunked-prefill-and-disaggregation.md (colocated vs xP+yD disaggregated, the KV link swept).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class Cluster:
                  config: EngineConfig | None = None, *, num_replicas: int = 1,
                  num_prefill_replicas: int = 0, num_decode_replicas: int = 0,
                  router: RouterName = "round_robin", kv_link_bandwidth: float | None = None,
-                 kv_link_latency_s: float | None = None, dtype: str = "bfloat16",
+                 kv_link_latency_s: float | None = None, dtype: str | None = None,
                  tensor_parallel_size: int = 1, num_kv_blocks: int | None = None) -> None:
         self.disaggregated = num_prefill_replicas > 0 or num_decode_replicas > 0
         if self.disaggregated and (num_prefill_replicas < 1 or num_decode_replicas < 1 or num_replicas != 1):

@@ -48,7 +48,7 @@ Time (seconds)
                  (a ring all-reduce sends and receives 2 (tp - 1) / tp of the buffer per device)
     total_s    = combine(compute_s, memory_s) + comm_s + overhead_s
 
-`combine="max"` (default) is the roofline: a GPU overlaps arithmetic with memory traffic, so the slower
+`combine="max"` (the default of datasheet profiles; `HardwareProfile.combine` sets it) is the roofline: a GPU overlaps arithmetic with memory traffic, so the slower
 of the two bounds the step, and `bound` says which. `combine="sum"` adds them: on a CPU the same cores do
 both and overlap is poor, and a sum is linear in the unknowns 1/FLOPs, 1/bandwidth and the overheads, so
 a calibrator can fit it by least squares (see `CostModel.roofline_features`). The model applies no
@@ -63,7 +63,7 @@ a + b * sum(l) + c * sum(l^2), decode time a + b * sum(context) + c * batch, ext
 (chunked-prefill) batches by adding the two parts under one intercept. `fitted_features` is its design
 matrix row.
 
-Lesson: "The cost of a step" (shared/CURRICULUM.md, row 0); KV pool size in lessons/02-paged-attention.md.
+Lesson: lessons/01-continuous-batching.md (the cost of a step); KV pool size in lessons/02-paged-attention.md.
 """
 
 from __future__ import annotations
@@ -202,12 +202,13 @@ class CostModel:
     """
 
     def __init__(self, arch: ArchConfig, hardware: HardwareProfile, dtype: str = "bfloat16",
-                 tensor_parallel_size: int = 1, block_size: int = 16, combine: Combine = "max",
+                 tensor_parallel_size: int = 1, block_size: int = 16, combine: Combine | None = None,
                  kv_cache_dtype: str | None = None) -> None:
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        combine = combine or hardware.combine  # type: ignore[assignment]
         if combine not in ("max", "sum"):
             raise ValueError(f"combine must be 'max' or 'sum', got {combine!r}")
         if tensor_parallel_size > 1 and hardware.interconnect_bandwidth <= 0:

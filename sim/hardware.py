@@ -27,7 +27,7 @@ A calibrated profile is measured for one dtype, one thread count and one attenti
 `provenance` dict records device, dtype, threads, torch version, model, attention path, date and fit
 errors, so a notebook can print where its simulated numbers come from.
 
-Lesson: "The cost of a step" (shared/CURRICULUM.md, row 0) and "Tuning knobs" (row 7).
+Lesson: lessons/01-continuous-batching.md (the cost of a step); lessons/07-tuning-knobs.md.
 """
 
 from __future__ import annotations
@@ -75,6 +75,9 @@ class HardwareProfile:
     interconnect_latency_s: float = 0.0  # fixed cost of one collective / one message
     network_bandwidth: float = 0.0  # bytes/s per device between machines, 0 = none
     network_latency_s: float = 0.0
+    # How compute and memory time combine in a step: "max" where the device overlaps them (GPUs, the
+    # roofline), "sum" where it does not (a CPU's cores do both; calibrated CPU profiles are fitted so).
+    combine: str = "max"
     source: str = "datasheet"  # "datasheet" | "calibrated" | "datasheet-like estimate" | "derated datasheet"
     notes: str = ""
     provenance: dict[str, Any] = field(default_factory=dict)
@@ -87,6 +90,8 @@ class HardwareProfile:
                 raise ValueError(f"profile {self.name!r}: peak_flops[{dtype!r}] must be > 0, got {rate}")
         if self.memory_bandwidth <= 0:
             raise ValueError(f"profile {self.name!r}: memory_bandwidth must be > 0")
+        if self.combine not in ("max", "sum"):
+            raise ValueError(f"profile {self.name!r}: combine must be 'max' or 'sum', got {self.combine!r}")
         for knob in ("step_overhead_s", "per_seq_overhead_s", "per_token_overhead_s",
                      "per_block_overhead_s", "interconnect_bandwidth", "interconnect_latency_s",
                      "network_bandwidth", "network_latency_s", "memory_bytes"):
@@ -178,6 +183,19 @@ def profiles_dir() -> Path:
     """
     root = os.environ.get("SERVING_LAB_CACHE") or "~/.cache/serving-lab"
     return Path(root).expanduser() / "profiles"
+
+
+CALIBRATED_PREFERENCE = ("calibrated-cuda-bfloat16", "calibrated-cuda-float32", "calibrated-cpu-float32",
+                         "calibrated-cpu-bfloat16")
+
+
+def load_calibrated_profile() -> HardwareProfile | None:
+    """This machine's saved calibration (`sim/calibrate.py`), if any: a GPU's first, then the CPU's."""
+    saved = _saved_profiles()
+    for name in CALIBRATED_PREFERENCE:
+        if name in saved:
+            return HardwareProfile.from_json(saved[name])
+    return None
 
 
 def known_profile_names() -> list[str]:

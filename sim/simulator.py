@@ -22,7 +22,6 @@ Lesson: every lesson's "simulated" column; lessons/07-tuning-knobs.md (sweeping 
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import simpy
@@ -32,16 +31,14 @@ from ref_engine.core.metrics import RunMetrics
 from ref_engine.core.scheduler import make_scheduler
 from ref_engine.core.workload import Workload
 from ref_engine.model.arch_config import DEFAULT_MODEL_NAME, ArchConfig
-from sim import hardware as hardware_module
 from sim.cost_model import CostModel, kv_cache_num_blocks
 from sim.executor import CostModelTimer, SimulatedExecutor, StepTimer
-from sim.hardware import DEFAULT_CPU_PROFILE, HardwareProfile, dtype_bytes
+from sim.hardware import DEFAULT_CPU_PROFILE, HardwareProfile, dtype_bytes, load_calibrated_profile
 
 
 def default_hardware() -> HardwareProfile:
     """This machine's calibrated profile if one is saved, else the built-in CPU estimate (with a warning)."""
-    load_calibrated = getattr(hardware_module, "load_calibrated_profile", None)
-    profile = load_calibrated() if load_calibrated is not None else None
+    profile = load_calibrated_profile()
     if profile is None:
         warnings.warn(
             f"no calibrated hardware profile for this machine; simulating the built-in estimate "
@@ -62,12 +59,6 @@ def resolve_hardware(hardware: HardwareProfile | str | None) -> HardwareProfile:
     return HardwareProfile.named(hardware) if isinstance(hardware, str) else hardware
 
 
-def kv_bytes_per_block(arch: ArchConfig, dtype: str, block_size: int, tensor_parallel_size: int = 1) -> int:
-    """Bytes of one KV block on one device: block_size tokens x K and V x layers x this device's KV heads."""
-    kv_heads_per_device = math.ceil(arch.num_kv_heads / tensor_parallel_size)
-    return block_size * 2 * arch.num_layers * kv_heads_per_device * arch.head_dim * dtype_bytes(dtype)
-
-
 def num_kv_blocks_for(arch: ArchConfig, hardware: HardwareProfile, config: EngineConfig,
                       dtype: str = "bfloat16", tensor_parallel_size: int = 1) -> int:
     """The KV pool size of one replica (per device): `config.num_kv_blocks`, else `config.kv_cache_memory`
@@ -75,8 +66,8 @@ def num_kv_blocks_for(arch: ArchConfig, hardware: HardwareProfile, config: Engin
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     if config.kv_cache_memory is not None:
-        num_blocks = config.kv_cache_memory // kv_bytes_per_block(arch, dtype, config.block_size,
-                                                                  tensor_parallel_size)
+        num_blocks = config.kv_cache_memory // arch.kv_bytes_per_block(
+            config.block_size, dtype_bytes(dtype), tensor_parallel_size)
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory={config.kv_cache_memory} bytes holds not one KV block "
                              f"of {arch.name}")
@@ -91,13 +82,15 @@ class Simulator:
     (except with a `ReplayTimer`, which replays one run's step times)."""
 
     def __init__(self, model: ArchConfig | str | None = None, hardware: HardwareProfile | str | None = None,
-                 config: EngineConfig | None = None, dtype: str = "bfloat16", tensor_parallel_size: int = 1,
+                 config: EngineConfig | None = None, dtype: str | None = None, tensor_parallel_size: int = 1,
                  num_kv_blocks: int | None = None, step_timer: StepTimer | None = None) -> None:
         self.arch = resolve_model(model)
         self.hardware = resolve_hardware(hardware)
         # max_model_len settled for this model (its max_position_embeddings when unset), as the engine does
         config = config if config is not None else EngineConfig()
         self.config = config.for_model(self.arch.max_position_embeddings)
+        # a calibrated profile is only valid for the dtype it was measured in; datasheets assume bf16
+        dtype = dtype or self.hardware.provenance.get("dtype", "bfloat16")
         self.dtype = dtype
         self.tensor_parallel_size = tensor_parallel_size
         self.cost_model = CostModel(self.arch, self.hardware, dtype, tensor_parallel_size,

@@ -10,9 +10,10 @@ Lesson: lessons/06-architecture-map.md (the boxes and the arrows between them).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: the simulator builds millions of these, and frozen init is slow
 class ScheduledRequest:
     """One request's share of a step: run `token_ids`, which sit at positions
     num_computed_tokens .. num_computed_tokens + len(token_ids) - 1 of the sequence."""
@@ -59,7 +60,7 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
-    @property
+    @cached_property
     def batch_shape(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(query lengths, cached context lengths) per request: all a cost model needs to price a step."""
         return (tuple(len(s.token_ids) for s in self.scheduled),

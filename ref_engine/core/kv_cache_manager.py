@@ -62,14 +62,18 @@ class KVCacheManager:
         Returns the newly taken block ids (possibly none), or None if the pool lacks free blocks, in which
         case nothing changes and the scheduler must wait or preempt.
         """
-        table = self.block_tables.setdefault(request.request_id, [])
-        missing = cdiv(self.tokens_to_hold(request, num_new_tokens), self.block_size) - len(table)
+        table = self.block_tables.get(request.request_id)
+        held = len(table) if table is not None else 0
+        missing = cdiv(self.tokens_to_hold(request, num_new_tokens), self.block_size) - held
+        if missing <= 0:
+            return []  # the common decode step: the last block still has room
         if missing > self.block_pool.num_free_blocks:
-            if not table:
-                del self.block_tables[request.request_id]
             return None
-        new_blocks = self.block_pool.get_new_blocks(max(missing, 0))
-        table.extend(new_blocks)
+        new_blocks = self.block_pool.get_new_blocks(missing)
+        if table is None:
+            self.block_tables[request.request_id] = new_blocks[:]
+        else:
+            table.extend(new_blocks)
         return new_blocks
 
     def free(self, request_id: str) -> None:

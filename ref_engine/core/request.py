@@ -18,26 +18,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-class RequestStatus(enum.Enum):
-    WAITING = "waiting"  # queued (new, or preempted by recompute)
-    RUNNING = "running"  # holds KV blocks on the device
-    SWAPPED = "swapped"  # preempted by swap: its KV blocks wait in the host pool
-    FINISHED_STOPPED = "finished_stopped"  # EOS or a stop token/string
-    FINISHED_LENGTH = "finished_length"  # max_tokens reached
-    FINISHED_ABORTED = "finished_aborted"
+class RequestStatus(enum.IntEnum):
+    """Ordered so that every finished state compares above SWAPPED (a cheap test on the hot path)."""
+
+    WAITING = 0  # queued (new, or preempted by recompute)
+    RUNNING = 1  # holds KV blocks on the device
+    SWAPPED = 2  # preempted by swap: its KV blocks wait in the host pool
+    FINISHED_STOPPED = 3  # EOS or a stop token/string
+    FINISHED_LENGTH = 4  # max_tokens reached
+    FINISHED_ABORTED = 5
 
     @property
     def is_finished(self) -> bool:
-        return self in _FINISHED
+        return self > RequestStatus.SWAPPED
 
     @property
     def finish_reason(self) -> str | None:
         """vLLM's `finish_reason` strings."""
         return {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH: "length",
                 RequestStatus.FINISHED_ABORTED: "abort"}.get(self)
-
-
-_FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
 
 
 @dataclass(eq=False)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Union
 
 from ref_engine.core.request import Request
 
@@ -33,7 +32,7 @@ class Exponential:
         return max(self.minimum, min(self.cap, round(rng.expovariate(1.0 / self.mean))))
 
 
-LengthSpec = Union[int, tuple[int, int], Exponential]
+LengthSpec = int | tuple[int, int] | Exponential
 
 
 def _sample_length(spec: LengthSpec, rng: random.Random, what: str) -> int:
@@ -106,8 +105,8 @@ class Workload:
         low = min(100, vocab_size // 2)
         out = []
         for i, w in enumerate(self.requests):
-            ids = list(w.prompt_token_ids) if w.prompt_token_ids is not None else [
-                rng.randrange(low, vocab_size) for _ in range(w.prompt_len)]
+            ids = list(w.prompt_token_ids) if w.prompt_token_ids is not None else rng.choices(
+                range(low, vocab_size), k=w.prompt_len)
             out.append(Request(request_id=str(i), prompt_token_ids=ids, max_tokens=w.output_len,
                                arrival_time=w.arrival_time, eos_token_ids=eos_token_ids, ignore_eos=True,
                                tenant=w.tenant))

@@ -94,6 +94,12 @@ class ArchConfig:
         """K and V for one token across all layers: 2 * layers * kv_heads * head_dim * bytes."""
         return 2 * self.num_layers * self.kv_size * dtype_bytes
 
+    def kv_bytes_per_block(self, block_size: int, dtype_bytes: int = 2, tensor_parallel_size: int = 1) -> int:
+        """One KV block on one device: block_size tokens of K and V in every layer, for this device's share
+        of the KV heads (tensor parallelism splits heads; with fewer heads than devices they are copied)."""
+        kv_heads_per_device = -(-self.num_kv_heads // tensor_parallel_size)
+        return block_size * 2 * self.num_layers * kv_heads_per_device * self.head_dim * dtype_bytes
+
     def weight_bytes(self, dtype_bytes: int = 2) -> int:
         return self.num_params * dtype_bytes
 
@@ -101,7 +107,14 @@ class ArchConfig:
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any], name: str | None = None) -> ArchConfig:
-        """Read a Hugging Face `config.json` (already parsed)."""
+        """Read a Hugging Face `config.json` (already parsed).
+
+        transformers >= 5 writes `rope_parameters: {rope_theta, rope_type, factor, ...}` where older
+        configs had top-level `rope_theta` and `rope_scaling`; both spellings are read."""
+        rope = config.get("rope_parameters")
+        if isinstance(rope, dict) and "rope_theta" not in config:
+            config = {**config, "rope_theta": rope.get("rope_theta", 10000.0),
+                      "rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"}}
         archs = config.get("architectures") or []
         family = _HF_ARCHITECTURES.get(archs[0]) if archs else config.get("model_type")
         if family is None or family not in SUPPORTED_ARCHITECTURES:

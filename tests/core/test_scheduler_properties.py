@@ -78,7 +78,7 @@ def test_invariants_hold_under_any_sequence(scenario):
         pending.append((arrive, req))
 
     for step in range(2000):
-        for arrive, req in [p for p in pending if p[0] == step]:
+        for _, req in [p for p in pending if p[0] == step]:
             try:
                 sched.add_request(req)
                 accepted.append(req)

@@ -6,6 +6,7 @@ No timing asserts here: the simulator's speed is measured by benchmarks/sim_spee
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections import deque
@@ -17,13 +18,11 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import sim.hardware
 from ref_engine.core import EngineConfig, Exponential, RequestStatus, StepResult, Workload, make_scheduler
 from sim import Simulator
 from sim.cost_model import kv_cache_num_blocks
 from sim.executor import ReplayTimer
 from sim.hardware import HardwareProfile
-from sim.simulator import kv_bytes_per_block
 
 SMALL = dict(model="smollm2-135m", hardware="local-cpu")
 
@@ -169,14 +168,18 @@ def test_replay_timer_says_when_it_runs_out():
 
 # ---- defaults and pool sizing ----
 
-def test_default_hardware_is_the_calibrated_profile_when_one_is_saved(monkeypatch):
-    calibrated = HardwareProfile.named("local-cpu").derated(compute=0.5)
-    monkeypatch.setattr(sim.hardware, "load_calibrated_profile", lambda: calibrated, raising=False)
-    assert Simulator().hardware is calibrated
+def test_default_hardware_is_the_calibrated_profile_when_one_is_saved(monkeypatch, tmp_path):
+    monkeypatch.setenv("SERVING_LAB_CACHE", str(tmp_path))
+    calibrated = dataclasses.replace(HardwareProfile.named("local-cpu"), name="calibrated-cpu-float32",
+                                     source="calibrated", provenance={"dtype": "float32"})
+    calibrated.save()
+    simulator = Simulator()
+    assert simulator.hardware == calibrated
+    assert simulator.dtype == "float32"  # a calibrated profile brings the dtype it was measured in
 
 
-def test_default_hardware_falls_back_to_the_cpu_estimate_with_a_warning(monkeypatch):
-    monkeypatch.setattr(sim.hardware, "load_calibrated_profile", lambda: None, raising=False)
+def test_default_hardware_falls_back_to_the_cpu_estimate_with_a_warning(monkeypatch, tmp_path):
+    monkeypatch.setenv("SERVING_LAB_CACHE", str(tmp_path))
     with pytest.warns(UserWarning, match="no calibrated hardware profile"):
         simulator = Simulator()
     assert simulator.hardware.name == "local-cpu"
@@ -184,7 +187,7 @@ def test_default_hardware_falls_back_to_the_cpu_estimate_with_a_warning(monkeypa
 
 
 def test_kv_pool_size_comes_from_the_first_knob_that_is_set():
-    per_block = kv_bytes_per_block(Simulator(**SMALL).arch, "bfloat16", 16)
+    per_block = Simulator(**SMALL).arch.kv_bytes_per_block(16, 2)
     assert per_block == Simulator(**SMALL).arch.kv_bytes_per_token(2) * 16
     by_memory = EngineConfig(kv_cache_memory=10 * per_block + 5)
     assert Simulator(**SMALL, config=by_memory).num_kv_blocks == 10

@@ -1,0 +1,152 @@
+"""The course plan: every lesson of Serving Lab, written or not, as data.
+
+This list is the one place that says which lessons exist or will exist. The generator
+(`course_links.py`) builds the course map from it, and the link checker (`course_check.py`) uses it to
+decide what a link may point at:
+
+- a lesson whose file `lessons/<stem>.md` exists is **written**: every anchor, term and exercise listed
+  for it below must really be in the file, and its notebook must exist (when `notebook` is true);
+- a lesson whose file does not exist yet is **planned**: links to it (and to its notebook) are accepted,
+  but only to the anchors listed here, so that questions, the glossary and code docstrings can point at
+  a lesson before it is written, and the lesson writer knows exactly which anchors to create.
+
+Stems never change once other files link to them. Ids (questions, terms, exercises) never encode lesson
+numbers except exercises, whose `ENN.k` names their lesson.
+
+To add a lesson: append a `PlannedLesson`; write `lessons/<stem>.md` (and `notebooks/<stem>.ipynb`);
+run `python lessons/tools/course_links.py --write`; run `pytest tests/course`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PlannedExercise:
+    """One exercise `ENN.k`: its stub lives in `lessons/exercises/eNN_<slug>.py`, its tests in
+    `tests/exercises/test_eNN_<slug>.py` (functions named `test_eNN_k_*`), its reference solution in
+    `lessons/exercises/solutions/eNN_<slug>.py`, and its statement under the anchor `#eNN-k` of the lesson."""
+
+    id: str  # "E01.1"
+    kind: str  # implement | estimate | predict-then-run | debug | design
+    title: str
+
+    @property
+    def anchor(self) -> str:
+        """"E01.1" -> "e01-1"."""
+        return self.id.lower().replace(".", "-")
+
+    @property
+    def lesson_number(self) -> str:
+        return self.id[1:3]
+
+
+@dataclass(frozen=True)
+class PlannedLesson:
+    stem: str  # file name without ".md"; notebooks/<stem>.ipynb has the same stem
+    title: str
+    minutes: int  # reading + running the notebook + exercises, for a learner doing all of it
+    notebook: bool = True  # does the lesson come with notebooks/<stem>.ipynb?
+    has_questions: bool = True  # must the lesson carry the generated AUTO:questions block?
+    anchors: tuple[str, ...] = ()  # section anchors the lesson must define (`<a id="..."></a>`)
+    notebook_anchors: tuple[str, ...] = ()  # anchors its notebook's Markdown cells must define
+    terms: tuple[str, ...] = ()  # glossary terms the lesson must link (`../glossary.md#term`) at first use
+    exercises: tuple[PlannedExercise, ...] = ()
+
+    @property
+    def number(self) -> str:
+        """"01" for "01-continuous-batching", "C" for the capstone."""
+        head = self.stem.split("-", 1)[0]
+        return head if head.isdigit() else "C"
+
+    @property
+    def slug(self) -> str:
+        """The exercise module slug: "01-continuous-batching" -> "continuous_batching"."""
+        rest = self.stem.split("-", 1)[1] if self.number != "C" else self.stem
+        return rest.replace("-", "_")
+
+    @property
+    def exercise_module(self) -> str:
+        """Stem of the stub, solution and test modules: "e01_continuous_batching"."""
+        return f"e{self.number}_{self.slug}"
+
+    @property
+    def required_anchors(self) -> tuple[str, ...]:
+        return self.anchors + tuple(e.anchor for e in self.exercises)
+
+
+LESSONS: tuple[PlannedLesson, ...] = (
+    PlannedLesson(
+        "00-orientation", "Orientation: how to run the course", minutes=15, notebook=False,
+        has_questions=False,
+        anchors=("quick-start", "modes", "checking-exercises", "links-and-ids", "generated-blocks"),
+    ),
+    # Lesson 1 sections: cost-of-a-step (prefill vs decode, memory- vs compute-bound, the step-time knee;
+    # CURRICULUM row 0), request-lifecycle (waiting -> running -> finished, num_computed_tokens),
+    # static-batching, continuous-batching (iteration-level scheduling, the engine loop), token-budget
+    # (max_num_batched_tokens, max_num_seqs, chunked prefill, head-of-line blocking), measuring-a-server
+    # (TTFT, TPOT, ITL, E2EL, throughput, goodput), load-and-capacity (Poisson arrivals, the hockey stick),
+    # experiment-protocol (same workload and seed through simulator and engine, the error column).
+    PlannedLesson(
+        "01-continuous-batching", "From static to continuous batching", minutes=120,
+        anchors=("you-will-learn", "cost-of-a-step", "request-lifecycle", "static-batching",
+                 "continuous-batching", "token-budget", "measuring-a-server", "load-and-capacity",
+                 "experiment-protocol", "exercises", "questions", "summary"),
+        notebook_anchors=("cost-of-a-step", "static-vs-continuous", "load-and-capacity", "exercises"),
+        terms=("prefill", "decode", "kv-cache", "step-time", "memory-bound", "compute-bound",
+               "arithmetic-intensity", "roofline", "static-batching", "continuous-batching",
+               "iteration-level-scheduling", "token-budget", "max-num-seqs", "chunked-prefill",
+               "head-of-line-blocking", "ttft", "tpot", "itl", "e2e-latency", "throughput", "goodput",
+               "cost-model", "calibration"),
+        exercises=(
+            PlannedExercise("E01.1", "implement", "One continuous-batching step"),
+            PlannedExercise("E01.2", "predict-then-run", "Static vs continuous: count the steps"),
+        ),
+    ),
+    # Lesson 2 sections: kv-cache-size (bytes per token, GQA), reservation-waste (contiguous reservation,
+    # internal/external fragmentation), blocks-and-block-tables (block table, slot mapping), block-pool
+    # (ref counts, free queue), attention-over-blocks (the paged attention kernel), block-size (the
+    # U-shape), preemption (recompute vs swap), memory-bound-throughput (more sequences, more throughput).
+    PlannedLesson(
+        "02-paged-attention", "PagedAttention: the KV cache as virtual memory", minutes=120,
+        anchors=("you-will-learn", "kv-cache-size", "reservation-waste", "blocks-and-block-tables",
+                 "block-pool", "attention-over-blocks", "block-size", "preemption",
+                 "memory-bound-throughput", "exercises", "questions", "summary"),
+        notebook_anchors=("kv-cache-size", "allocation-modes", "block-size", "preemption", "exercises"),
+        terms=("kv-cache", "gqa", "kv-cache-usage", "internal-fragmentation", "external-fragmentation",
+               "paged-attention", "block", "block-size", "block-table", "slot-mapping", "block-pool",
+               "preemption", "recompute", "swap"),
+        exercises=(
+            PlannedExercise("E02.1", "estimate", "How many sequences fit in the KV cache?"),
+            PlannedExercise("E02.2", "implement", "A block allocator with reference counts"),
+        ),
+    ),
+    PlannedLesson("03-chunked-prefill-and-disaggregation",
+                  "The scheduler: chunked prefill and prefill/decode disaggregation", minutes=120),
+    PlannedLesson("04-prefix-caching", "Prefix caching", minutes=90),
+    PlannedLesson("05-speculative-decoding", "Speculative decoding", minutes=90),
+    PlannedLesson("06-architecture-map", "The architecture map", minutes=60),
+    PlannedLesson("07-tuning-knobs", "Tuning knobs: sweeping the throughput/latency curve", minutes=90),
+    PlannedLesson("capstone", "Capstone: a before -> after throughput report", minutes=180, notebook=False,
+                  has_questions=False),
+)
+
+# Interview-bank topics (COURSE.md), in the order the bank lists them.
+TOPICS: dict[str, str] = {
+    "BATCH": "Batching",
+    "SCHED": "Scheduling",
+    "METRIC": "Metrics and SLOs",
+    "SYS": "Systems fundamentals",
+    "KV": "The KV cache",
+    "PAGE": "Paging and blocks",
+    "PREEMPT": "Preemption",
+    "PREFIX": "Prefix caching",
+    "SPEC": "Speculative decoding",
+    "PD": "Prefill/decode disaggregation",
+    "FAIR": "Fairness and isolation",
+    "TUNE": "Tuning",
+    "SIM": "Simulation and cost models",
+}
+
+EXERCISE_KINDS = ("implement", "estimate", "predict-then-run", "debug", "design")

@@ -1,0 +1,80 @@
+"""`load_model(path)`: one entry point for every model source the engine accepts.
+
+This module owns the dispatch and the assembly. It decides what `path` is, lets the format module read
+it (`loader_hf.HFCheckpoint` or `loader_gguf.GGUFCheckpoint`, which share one shape: `arch`,
+`model_id`, `weights()`, `tokenizer()`, `eos_token_ids()`), then builds `LlamaForCausalLM` on the
+device and streams the weights into it:
+
+* `None`                           -> the default SmolLM2-135M-Instruct GGUF (`store.default_model_path`)
+* a folder with `config.json`      -> Hugging Face safetensors checkpoint
+* a file starting with b"GGUF"     -> llama.cpp GGUF file
+
+Weights are computed in float32 or bfloat16, whatever the file stores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ref_engine.model import store
+from ref_engine.model.arch_config import ArchConfig
+from ref_engine.model.llama import LlamaForCausalLM
+from ref_engine.model.loader_gguf import GGUFCheckpoint
+from ref_engine.model.loader_hf import HFCheckpoint
+from ref_engine.model.tokenizer import Tokenizer
+
+SUPPORTED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run, with what the engine needs around it."""
+
+    model: LlamaForCausalLM
+    tokenizer: Tokenizer
+    arch: ArchConfig
+    eos_token_ids: set[int]
+    model_id: str  # names the weights (file stem or folder name); prefix-cache hashes include it
+
+
+def load_model(path: str | Path | None = None, dtype: torch.dtype | str = "float32",
+               device: torch.device | str | None = None) -> LoadedModel:
+    """Load a model from `path` (see the module docstring) onto `device` (default: CUDA if present)."""
+    torch_dtype = resolve_dtype(dtype)
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    path = Path(path) if path is not None else store.default_model_path()
+    checkpoint = _open_checkpoint(path)
+    tokenizer = checkpoint.tokenizer()
+    model = LlamaForCausalLM(checkpoint.arch, dtype=torch_dtype, device=device)
+    try:
+        model.load_weights(checkpoint.weights())
+    except ValueError as err:  # a missing, unexpected or misshapen tensor: say which file
+        raise ValueError(f"{path}: {err}") from None
+    return LoadedModel(model=model.eval(), tokenizer=tokenizer, arch=checkpoint.arch,
+                       eos_token_ids=checkpoint.eos_token_ids(tokenizer), model_id=checkpoint.model_id)
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """`"bfloat16"` or `torch.bfloat16` -> `torch.bfloat16`; anything unsupported is a ValueError."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in SUPPORTED_DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; supported: {', '.join(SUPPORTED_DTYPES)}")
+    return SUPPORTED_DTYPES[name]
+
+
+def _open_checkpoint(path: Path) -> HFCheckpoint | GGUFCheckpoint:
+    if not path.exists():
+        raise FileNotFoundError(f"model path {path} does not exist")
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return HFCheckpoint(path)
+        raise ValueError(f"{path} is a folder without config.json, not a Hugging Face model folder")
+    with open(path, "rb") as f:
+        magic = f.read(len(GGUF_MAGIC))
+    if magic == GGUF_MAGIC:
+        return GGUFCheckpoint(path)
+    raise ValueError(f"{path} is neither a GGUF file (no GGUF magic) nor a Hugging Face model folder")

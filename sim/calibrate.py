@@ -1,0 +1,168 @@
+"""Calibration: measure the real engine on a grid of batch shapes and fit this machine's `HardwareProfile`.
+
+A profile from a datasheet says what a chip could do; a calibrated one says what *our engine* does on it,
+Python overheads included. We run small workloads chosen so the engine's steps cover the shapes the
+lessons care about (decode at several batch sizes and context lengths, prefill chunks of several sizes,
+mixed steps), log every step (`StepRecord`: its batch shape and wall time), and fit the cost model's
+"sum" form (sim/cost_model.py):
+
+    step time = step_overhead + per_seq * N + per_token * T + per_block * blocks + FLOPs / F + bytes / BW
+
+which is linear in the six unknowns (the overheads, 1/F and 1/BW), so non-negative least squares fits
+them. On a CPU compute and memory traffic do not overlap well, so the sum is also the better physics.
+Weights are read every step, so BW and the step overhead are partly interchangeable; the fit reports the
+*effective* numbers that predict this engine, not the chip's peak, and the profile says so.
+
+The profile is valid only for what it was measured on: it records device, dtype, threads, torch version,
+model, attention path and date, and the fit error per calibration point. `serving-lab calibrate` runs it
+and saves the profile where `load_calibrated_profile()` finds it.
+
+Lesson: lessons/01-continuous-batching.md (the cost of a step).
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from ref_engine.core.config import EngineConfig
+from ref_engine.core.metrics import StepRecord
+from ref_engine.core.workload import Workload
+from ref_engine.model.arch_config import ArchConfig
+from sim.cost_model import ROOFLINE_UNKNOWNS, BatchShape, CostModel
+from sim.hardware import HardwareProfile
+
+# (name, number of requests, prompt length, output length, token budget); every request arrives at once.
+# Decode points: B requests decode together at context ~prompt length. Prefill points: one prompt, one
+# token out, in chunks of the budget. The products stay small enough for a 2-core CPU in about a minute.
+CALIBRATION_GRID: tuple[tuple[str, int, int, int, int], ...] = (
+    ("decode", 1, 64, 12, 512), ("decode", 4, 64, 12, 512), ("decode", 16, 64, 12, 1024),
+    ("decode", 32, 64, 8, 2048), ("decode", 64, 32, 8, 2048),
+    ("decode", 1, 512, 12, 512), ("decode", 8, 512, 8, 4096), ("decode", 2, 1536, 8, 2048),
+    ("prefill", 1, 16, 1, 16), ("prefill", 1, 64, 1, 64), ("prefill", 1, 256, 1, 256),
+    ("prefill", 1, 1024, 1, 1024), ("prefill", 1, 1024, 1, 256),
+    ("mixed", 12, 300, 16, 128),
+)
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    kind: str
+    shape: BatchShape
+    measured_s: float
+    predicted_s: float
+
+    @property
+    def error_pct(self) -> float:
+        return 100.0 * (self.predicted_s - self.measured_s) / self.measured_s
+
+
+def grid_workloads(seed: int = 0) -> list[tuple[str, Workload, EngineConfig]]:
+    """The calibration runs: a workload and an engine config for each grid row."""
+    runs = []
+    for i, (kind, n, prompt, output, budget) in enumerate(CALIBRATION_GRID):
+        workload = Workload.synthetic(n, prompt_len=prompt, output_len=output, seed=seed + i, name=kind)
+        runs.append((kind, workload, EngineConfig(max_num_seqs=max(n, 1), max_num_batched_tokens=budget,
+                                                  num_kv_blocks=2 + n * (prompt + output) // 16 + n)))
+    return runs
+
+
+def measure_steps(model: Any, seed: int = 0) -> list[tuple[str, StepRecord]]:
+    """Run the grid on the real engine (`model`: a `LoadedModel`); returns every step, tagged by kind.
+
+    One throw-away run first, so one-time costs (allocations, first-call dispatch) stay out of the fit."""
+    from ref_engine import bench
+
+    runs = grid_workloads(seed)
+    bench.run(runs[0][1], runs[0][2], model=model)
+    steps = []
+    for kind, workload, config in runs:
+        steps += [(kind, s) for s in bench.run(workload, config, model=model).steps]
+    return steps
+
+
+def fit_profile(arch: ArchConfig, steps: list[tuple[str, StepRecord]], *, dtype: str, block_size: int = 16,
+                name: str = "calibrated", provenance: dict[str, Any] | None = None
+                ) -> tuple[HardwareProfile, list[CalibrationPoint]]:
+    """Fit the six unknowns of the sum form to measured steps; returns the profile and per-point errors."""
+    if len(steps) < len(ROOFLINE_UNKNOWNS):
+        raise ValueError(f"need at least {len(ROOFLINE_UNKNOWNS)} measured steps to fit, got {len(steps)}")
+    # Any positive rates will do for building features: roofline_features does not depend on them.
+    probe = HardwareProfile(name="probe", peak_flops={dtype: 1.0}, memory_bandwidth=1.0, memory_bytes=0,
+                            combine="sum")
+    features_of = CostModel(arch, probe, dtype=dtype, block_size=block_size).roofline_features
+    shapes = [BatchShape(s.query_lens, s.context_lens) for _, s in steps]
+    X = np.array([features_of(shape) for shape in shapes])
+    y = np.array([s.duration for _, s in steps])
+    # Weight rows by 1/time so that small (decode) steps count as much as big prefills: the fit then
+    # minimises relative error, which is what every lesson reports.
+    w = 1.0 / y
+    coef, _ = nnls(X * w[:, None], y * w)
+    step_s, seq_s, token_s, block_s, s_per_flop, s_per_byte = coef
+    tiny = 1e-30  # a coefficient fitted to 0 means "never the bottleneck here": an effectively infinite rate
+    profile = HardwareProfile(
+        name=name, peak_flops={dtype: 1.0 / max(s_per_flop, tiny)},
+        memory_bandwidth=1.0 / max(s_per_byte, tiny), memory_bytes=0.0, step_overhead_s=step_s,
+        per_seq_overhead_s=seq_s, per_token_overhead_s=token_s, per_block_overhead_s=block_s,
+        combine="sum", source="calibrated",
+        notes="Effective rates and overheads of ref_engine on this machine (not the chip's peak); valid only "
+              "for the device, dtype, threads and model in provenance.",
+        provenance=dict(provenance or {}))
+    predicted = X @ coef
+    points = [CalibrationPoint(kind, shape, float(m), float(p))
+              for (kind, _), shape, m, p in zip(steps, shapes, y, predicted)]
+    errors = np.abs([p.error_pct for p in points])
+    profile.provenance.update(fit_mean_abs_error_pct=round(float(errors.mean()), 2),
+                              fit_p90_abs_error_pct=round(float(np.percentile(errors, 90)), 2),
+                              num_points=len(points))
+    return profile, points
+
+
+def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: str = "float32",
+              save: bool = True, seed: int = 0, verbose: bool = True) -> HardwareProfile:
+    """Measure this machine with the real engine and return (and by default save) its fitted profile.
+
+    `model`: a path, None for the default SmolLM2, or a `LoadedModel`. `config` only contributes its
+    `block_size` (the grid sets the other knobs per point)."""
+    import torch
+
+    from ref_engine.model.loader import LoadedModel, load_model
+
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype)
+    block_size = (config or EngineConfig()).block_size
+    steps = measure_steps(loaded, seed)
+    device = next(loaded.model.parameters()).device
+    provenance = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
+        "device_type": device.type, "dtype": dtype, "threads": torch.get_num_threads(),
+        "torch": torch.__version__, "model": loaded.model_id, "attention": "ref_engine pure-torch paged attention",
+        "block_size": block_size, "date": datetime.date.today().isoformat(),
+    }
+    profile, points = fit_profile(loaded.arch, steps, dtype=dtype, block_size=block_size,
+                                  name=calibrated_profile_name(device.type, dtype), provenance=provenance)
+    if verbose:
+        print(format_fit(points))
+        print(f"mean |error| {profile.provenance['fit_mean_abs_error_pct']}%, "
+              f"p90 {profile.provenance['fit_p90_abs_error_pct']}% over {len(points)} steps")
+    if save:
+        print(f"saved {profile.save()}" if verbose else "", end="\n" if verbose else "")
+    return profile
+
+
+def calibrated_profile_name(device_type: str, dtype: str) -> str:
+    return f"calibrated-{device_type}-{dtype}"
+
+
+def format_fit(points: list[CalibrationPoint]) -> str:
+    """A table of measured vs predicted time per calibration point, for people."""
+    lines = ["| kind | seqs | tokens | max context | measured ms | predicted ms | error % |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for p in points:
+        lines.append(f"| {p.kind} | {p.shape.num_seqs} | {p.shape.num_tokens} | {max(p.shape.context_lens)} | "
+                     f"{p.measured_s * 1e3:.1f} | {p.predicted_s * 1e3:.1f} | {p.error_pct:+.1f} |")
+    return "\n".join(lines)

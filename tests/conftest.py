@@ -1,0 +1,79 @@
+"""Model fixtures shared by the engine tests: the real SmolLM2 GGUF, and tiny random Hugging Face models."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TINY_VOCAB = 320  # 256 byte tokens + 2 specials fit, with unused rows left over
+TINY_DIMS = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 intermediate_size=128, vocab_size=TINY_VOCAB, max_position_embeddings=256, rms_norm_eps=1e-5,
+                 bos_token_id=256, eos_token_id=257)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The default model's GGUF (pulled once into the cache folder by `store`)."""
+    from ref_engine.model import store
+
+    return store.default_model_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_path: Path):
+    """Our SmolLM2-135M-Instruct, float32 on CPU, loaded once per test session."""
+    from ref_engine.model.loader import load_model
+
+    return load_model(smollm2_path, dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def make_tiny_hf_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """`make_tiny_hf_model(family, name=..., **config)`: a randomly initialised transformers model saved
+    with `save_pretrained`, plus a byte-level `tokenizer.json`. Returns the folder.
+
+    Norm weights and q/k/v biases are randomised too (transformers initialises them to 1 and 0, which
+    would hide a norm or bias loaded into the wrong place), and the init scale is raised so greedy
+    decoding does not collapse onto one token.
+    """
+    import torch
+    import transformers
+
+    config_classes = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+                      "qwen2": transformers.Qwen2Config}
+
+    def make(family: str, name: str | None = None, seed: int = 0, **config: Any) -> Path:
+        folder = tmp_path_factory.mktemp(name or family)
+        torch.manual_seed(seed)
+        hf_config = config_classes[family](**{**TINY_DIMS, "initializer_range": 0.2, **config})
+        model = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager")
+        with torch.no_grad():
+            for param_name, param in model.named_parameters():
+                if param_name.endswith("norm.weight"):
+                    param.copy_(1 + 0.2 * torch.randn_like(param))
+                elif param_name.endswith(".bias"):
+                    param.copy_(0.5 * torch.randn_like(param))
+        model.save_pretrained(folder)
+        write_byte_tokenizer(folder)
+        return folder
+
+    return make
+
+
+def write_byte_tokenizer(folder: Path) -> None:
+    """A minimal byte-level BPE tokenizer (256 byte tokens, no merges, <s> and </s>) in HF folder format."""
+    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {char: i for i, char in enumerate(sorted(alphabet))}
+    tokenizer = Tokenizer(BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken("<s>", special=True), AddedToken("</s>", special=True)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
