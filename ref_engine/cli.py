@@ -34,7 +34,7 @@ def _calibrate(args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from ref_engine.demo import main as demo_main
+    from sim.demo import main as demo_main
 
     demo_main(out_dir=args.out, model=args.model)
 

@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from ref_engine.attention import kv_cache_bytes_per_block
-from ref_engine.core.config import EngineConfig
+from ref_engine.core.config import CPU_KV_CACHE_MEMORY, EngineConfig
 from ref_engine.core.interfaces import StepResult
 from ref_engine.core.metrics import StepRecord
 from ref_engine.core.request import Request, RequestStatus
@@ -34,7 +34,6 @@ from ref_engine.runner import ModelRunner
 from ref_engine.sampler import Sampler, SamplingMetadata, make_generator
 from ref_engine.sampling_params import SamplingParams
 
-CPU_KV_CACHE_MEMORY = 1 << 30  # bytes for the KV pool on a CPU when the config names no size
 GPU_KV_CACHE_FRACTION = 0.5  # of free device memory after loading the weights
 
 PromptType = str | list[int] | dict[str, Any]

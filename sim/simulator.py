@@ -26,7 +26,7 @@ import warnings
 
 import simpy
 
-from ref_engine.core.config import EngineConfig
+from ref_engine.core.config import CPU_KV_CACHE_MEMORY, EngineConfig
 from ref_engine.core.metrics import RunMetrics
 from ref_engine.core.scheduler import make_scheduler
 from ref_engine.core.workload import Workload
@@ -65,11 +65,14 @@ def num_kv_blocks_for(arch: ArchConfig, hardware: HardwareProfile, config: Engin
     divided into blocks, else what fits in the device memory after weights and activations."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
-    if config.kv_cache_memory is not None:
-        num_blocks = config.kv_cache_memory // arch.kv_bytes_per_block(
+    memory = config.kv_cache_memory
+    if memory is None and hardware.provenance.get("device_type") == "cpu":
+        memory = CPU_KV_CACHE_MEMORY  # a CPU has no device memory to profile: the engine's default pool
+    if memory is not None:
+        num_blocks = memory // arch.kv_bytes_per_block(
             config.block_size, dtype_bytes(dtype), tensor_parallel_size)
         if num_blocks < 1:
-            raise ValueError(f"kv_cache_memory={config.kv_cache_memory} bytes holds not one KV block "
+            raise ValueError(f"kv_cache_memory={memory} bytes holds not one KV block "
                              f"of {arch.name}")
         return num_blocks
     return kv_cache_num_blocks(arch, hardware, dtype, config.block_size, tp=tensor_parallel_size,

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
+CPU_KV_CACHE_MEMORY = 1 << 30  # the KV pool on a CPU when no size is configured, engine and simulator alike
+
 SchedulingPolicy = Literal["continuous", "static"]
 PreemptionMode = Literal["recompute", "swap"]
 KVAllocation = Literal["paged", "contiguous", "contiguous_exact"]
@@ -28,7 +30,8 @@ class EngineConfig:
     max_num_seqs: int = 64  # vLLM: 256 on GPUs
     max_num_batched_tokens: int = 512  # the per-step token budget; vLLM: 8192 with chunked prefill
     max_model_len: int | None = None  # None: the model's max_position_embeddings (vLLM's default)
-    kv_cache_memory: int | None = None  # bytes for the KV pool (None: 256 MiB on CPU)
+    kv_cache_memory: int | None = None  # bytes for the KV pool (None: CPU_KV_CACHE_MEMORY on a CPU, or a
+    # share of the free device memory on a GPU)
     num_kv_blocks: int | None = None  # exact pool size; overrides kv_cache_memory
     num_swap_blocks: int | None = None  # host pool for preemption_mode="swap" (None: as many as the device pool)
     enable_chunked_prefill: bool = True
