@@ -6,9 +6,12 @@ lessons care about (decode at several batch sizes and context lengths, prefill c
 mixed steps), log every step (`StepRecord`: its batch shape and wall time), and fit the cost model's
 "sum" form (sim/cost_model.py):
 
-    step time = step_overhead + per_seq * N + per_token * T + per_block * blocks + FLOPs / F + bytes / BW
+    step time = step_overhead + per_seq * N + per_token * T + per_block * blocks
+                + linear FLOPs / F + attention FLOPs / (F * attention_efficiency) + bytes / BW
 
-which is linear in the unknowns (the overheads and 1/F), so non-negative least squares fits them. On a
+which is linear in the unknowns (the overheads, 1/F and 1/(F * attention_efficiency)), so non-negative
+least squares fits them. Attention gets its own rate because our pure-torch attention (masks, softmax,
+block gathers) runs far below the matmul rate, and long prompts are mostly attention. On a
 CPU compute and memory traffic do not overlap well, so the sum is also the better physics. BW is not
 fitted but measured by a copy micro-benchmark first: every step reads all the weights, so a fitted BW
 would trade off freely against the step overhead (the fit cannot tell "538 MB at 27 GB/s" from "20 ms of
@@ -132,10 +135,11 @@ def fit_profile(arch: ArchConfig, steps: list[tuple[str, StepRecord]], *, dtype:
     kinds = [kind for kind, _ in steps]
     w = 1.0 / (y * np.array([kinds.count(kind) for kind in kinds]))
     coef, _ = nnls(X * w[:, None], (y - memory_s) * w)
-    step_s, seq_s, token_s, block_s, s_per_flop = coef
+    step_s, seq_s, token_s, block_s, s_per_flop, s_per_attention_flop = coef
     tiny = 1e-30  # 1/F fitted to 0 would mean compute is never the bottleneck: an effectively infinite rate
     profile = HardwareProfile(
         name=name, peak_flops={dtype: 1.0 / max(s_per_flop, tiny)},
+        attention_efficiency=max(s_per_flop, tiny) / max(s_per_attention_flop, tiny),
         memory_bandwidth=memory_bandwidth, memory_bytes=0.0, step_overhead_s=step_s,
         per_seq_overhead_s=seq_s, per_token_overhead_s=token_s, per_block_overhead_s=block_s,
         combine="sum", source="calibrated",

@@ -38,7 +38,9 @@ Bytes moved through memory (read once per step; caches and fusion are ignored)
                        on a CPU at big batches.
 
 Time (seconds)
-    compute_s  = (linear_flops + attention_flops) / (peak_flops[dtype] * tp)
+    compute_s  = (linear_flops + attention_flops / attention_efficiency) / (peak_flops[dtype] * tp)
+                 attention kernels rarely run at matmul speed (masks, softmax, gathers); a profile's
+                 attention_efficiency says how close they get (1.0 on datasheets; fitted by calibration)
     memory_s   = (weight + kv_read + kv_write + activation bytes) / (memory_bandwidth * tp)
     overhead_s = step_overhead_s + per_seq_overhead_s * N + per_token_overhead_s * T
                  + per_block_overhead_s * blocks,    blocks = sum_i ceil((c_i + q_i) / block_size)
@@ -188,10 +190,12 @@ class StepCost:
 
 # Unknowns of the "sum" form, in the order of `CostModel.roofline_features`:
 # total_s - comm_s = features . (step_overhead_s, per_seq_overhead_s, per_token_overhead_s,
-#                                per_block_overhead_s, 1 / peak_flops, 1 / memory_bandwidth)
-ROOFLINE_FEATURE_NAMES = ("steps", "seqs", "tokens", "blocks", "flops_per_device", "bytes_per_device")
+#                                per_block_overhead_s, 1 / peak_flops, 1 / (peak_flops * attention_efficiency),
+#                                1 / memory_bandwidth)
+ROOFLINE_FEATURE_NAMES = ("steps", "seqs", "tokens", "blocks", "linear_flops_per_device",
+                          "attention_flops_per_device", "bytes_per_device")
 ROOFLINE_UNKNOWNS = ("step_overhead_s", "per_seq_overhead_s", "per_token_overhead_s", "per_block_overhead_s",
-                     "seconds_per_flop", "seconds_per_byte")
+                     "seconds_per_flop", "seconds_per_attention_flop", "seconds_per_byte")
 
 
 class CostModel:
@@ -239,6 +243,7 @@ class CostModel:
         self._activation_bytes_per_logit_row = V * b
         # rates, per step (already divided among the tp devices)
         self._seconds_per_flop = 1.0 / (hardware.flops_for(dtype) * tp)
+        self._seconds_per_attention_flop = self._seconds_per_flop / hardware.attention_efficiency
         self._seconds_per_byte = 1.0 / (hardware.memory_bandwidth * tp)
         # tensor parallelism: 2 all-reduces per layer of T * H * b bytes each
         if tp > 1:
@@ -286,7 +291,7 @@ class CostModel:
         tokens, pairs, ctx_read, blocks = self._batch_sums(shape)
         linear, attention, weights, kv_read, kv_write, activations, _ = self._flops_and_bytes(
             shape, tokens, pairs, ctx_read)
-        compute_s = (linear + attention) * self._seconds_per_flop
+        compute_s = linear * self._seconds_per_flop + attention * self._seconds_per_attention_flop
         memory_s = (weights + kv_read + kv_write + activations) * self._seconds_per_byte
         core = max(compute_s, memory_s) if self.combine == "max" else compute_s + memory_s
         return core + self._comm_s(tokens) + self._overhead_s(shape.num_seqs, tokens, blocks)
@@ -303,7 +308,7 @@ class CostModel:
         tokens, pairs, ctx_read, blocks = self._batch_sums(shape)
         linear, attention, weights, kv_read, kv_write, activations, _ = self._flops_and_bytes(
             shape, tokens, pairs, ctx_read)
-        compute_s = (linear + attention) * self._seconds_per_flop
+        compute_s = linear * self._seconds_per_flop + attention * self._seconds_per_attention_flop
         memory_s = (weights + kv_read + kv_write + activations) * self._seconds_per_byte
         core = max(compute_s, memory_s) if self.combine == "max" else compute_s + memory_s
         comm_s = self._comm_s(tokens)
@@ -322,7 +327,8 @@ class CostModel:
         """Design-matrix row of the "sum" form, in the order of ROOFLINE_FEATURE_NAMES.
 
         With combine="sum", step_time(shape) - comm_s == dot(features, unknowns), the unknowns being
-        ROOFLINE_UNKNOWNS (step, per-seq, per-token, per-block overheads, 1 / peak FLOP/s, 1 / bandwidth).
+        ROOFLINE_UNKNOWNS (step, per-seq, per-token, per-block overheads, 1 / peak FLOP/s, 1 / attention
+        FLOP/s, 1 / bandwidth).
         Beware collinearity when fitting one model: the weight bytes are nearly constant per step, so
         1/bandwidth trades off against step_overhead_s, and linear FLOPs are proportional to tokens, so
         1/FLOP/s trades off against per_token_overhead_s. Measure bandwidth and FLOP/s with
@@ -332,8 +338,8 @@ class CostModel:
         linear, attention, weights, kv_read, kv_write, activations, _ = self._flops_and_bytes(
             shape, tokens, pairs, ctx_read)
         tp = self.tensor_parallel_size
-        return (1.0, float(shape.num_seqs), float(tokens), float(blocks),
-                (linear + attention) / tp, (weights + kv_read + kv_write + activations) / tp)
+        return (1.0, float(shape.num_seqs), float(tokens), float(blocks), linear / tp, attention / tp,
+                (weights + kv_read + kv_write + activations) / tp)
 
     # -- between machines --
 

@@ -75,6 +75,9 @@ class HardwareProfile:
     interconnect_latency_s: float = 0.0  # fixed cost of one collective / one message
     network_bandwidth: float = 0.0  # bytes/s per device between machines, 0 = none
     network_latency_s: float = 0.0
+    # Attention FLOPs run at this fraction of peak_flops (masking, softmax and gathers make attention
+    # slower than a plain matmul); 1.0 on datasheets, fitted by calibration.
+    attention_efficiency: float = 1.0
     # How compute and memory time combine in a step: "max" where the device overlaps them (GPUs, the
     # roofline), "sum" where it does not (a CPU's cores do both; calibrated CPU profiles are fitted so).
     combine: str = "max"
@@ -90,6 +93,8 @@ class HardwareProfile:
                 raise ValueError(f"profile {self.name!r}: peak_flops[{dtype!r}] must be > 0, got {rate}")
         if self.memory_bandwidth <= 0:
             raise ValueError(f"profile {self.name!r}: memory_bandwidth must be > 0")
+        if not self.attention_efficiency > 0:
+            raise ValueError(f"profile {self.name!r}: attention_efficiency must be > 0, got {self.attention_efficiency}")
         if self.combine not in ("max", "sum"):
             raise ValueError(f"profile {self.name!r}: combine must be 'max' or 'sum', got {self.combine!r}")
         for knob in ("step_overhead_s", "per_seq_overhead_s", "per_token_overhead_s",

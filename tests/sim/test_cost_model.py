@@ -102,9 +102,10 @@ def test_sum_combine_and_roofline_features(tiny, toy_hw):
     assert model.step_time(shape) > CostModel(tiny, toy_hw, block_size=4).step_time(shape)
     features = model.roofline_features(shape)
     assert len(features) == len(ROOFLINE_FEATURE_NAMES) == len(ROOFLINE_UNKNOWNS)
-    assert features == (1.0, 2.0, 2.0, 3.0, 6464.0, 4304.0)
+    assert features == (1.0, 2.0, 2.0, 3.0, cost.linear_flops, cost.attention_flops, 4304.0)
+    assert cost.linear_flops + cost.attention_flops == 6464.0
     unknowns = (toy_hw.step_overhead_s, toy_hw.per_seq_overhead_s, toy_hw.per_token_overhead_s,
-                toy_hw.per_block_overhead_s, 1 / 2e8, 1 / 1e8)
+                toy_hw.per_block_overhead_s, 1 / 2e8, 1 / 2e8, 1 / 1e8)
     assert sum(f * u for f, u in zip(features, unknowns, strict=True)) == pytest.approx(model.step_time(shape))
 
 
