@@ -46,10 +46,9 @@ from sim.hardware import HardwareProfile
 # Decode points: B requests decode together at context ~prompt length. Prefill points: one prompt, one
 # token out, in chunks of the budget. The products stay small enough for a 2-core CPU in about a minute.
 CALIBRATION_GRID: tuple[tuple[str, int, int, int, int], ...] = (
-    ("decode", 1, 64, 12, 512), ("decode", 4, 64, 12, 512), ("decode", 8, 128, 12, 1024),
-    ("decode", 8, 256, 8, 2048), ("decode", 16, 64, 12, 1024), ("decode", 32, 64, 8, 2048),
-    ("decode", 64, 32, 8, 2048), ("decode", 1, 512, 12, 512), ("decode", 4, 512, 8, 2048),
-    ("decode", 2, 1536, 8, 2048),
+    ("decode", 1, 64, 12, 512), ("decode", 4, 64, 12, 512), ("decode", 16, 64, 12, 1024),
+    ("decode", 32, 64, 8, 2048), ("decode", 64, 32, 8, 2048),
+    ("decode", 1, 512, 12, 512), ("decode", 8, 512, 8, 4096), ("decode", 2, 1536, 8, 2048),
     ("prefill", 1, 16, 1, 16), ("prefill", 1, 64, 1, 64), ("prefill", 1, 256, 1, 256),
     ("prefill", 1, 1024, 1, 1024), ("prefill", 1, 1024, 1, 256),
     ("mixed", 12, 300, 16, 128),

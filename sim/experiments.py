@@ -77,7 +77,9 @@ def run_pair(workload: Workload, config: EngineConfig, sides: Sides, **labels: A
 
         runs = [bench.run(workload, config, model=sides.model) for _ in range(sides.repeats)]
         measured = min(runs, key=lambda m: m.duration)
-        rows.append({**_row(measured, "measured", labels), "slowdown": machine_slowdown(measured, sides)})
+        spread = 100.0 * (max(r.duration for r in runs) / measured.duration - 1)  # the repeats' own disagreement
+        rows.append({**_row(measured, "measured", labels), "slowdown": machine_slowdown(measured, sides),
+                     "repeat_spread_pct": spread})
     rows.append(_row(simulated, "simulated", labels, reference=measured))
     return rows
 
