@@ -288,13 +288,7 @@ class CostModel:
 
     def step_time(self, shape: BatchShape) -> float:
         """Seconds for one engine step running `shape`."""
-        tokens, pairs, ctx_read, blocks = self._batch_sums(shape)
-        linear, attention, weights, kv_read, kv_write, activations, _ = self._flops_and_bytes(
-            shape, tokens, pairs, ctx_read)
-        compute_s = linear * self._seconds_per_flop + attention * self._seconds_per_attention_flop
-        memory_s = (weights + kv_read + kv_write + activations) * self._seconds_per_byte
-        core = max(compute_s, memory_s) if self.combine == "max" else compute_s + memory_s
-        return core + self._comm_s(tokens) + self._overhead_s(shape.num_seqs, tokens, blocks)
+        return self.breakdown(shape).total_s
 
     def _comm_s(self, tokens: int) -> float:
         if self.tensor_parallel_size == 1:
@@ -304,7 +298,7 @@ class CostModel:
     # -- for people: every term --
 
     def breakdown(self, shape: BatchShape) -> StepCost:
-        """The same computation as `step_time`, with every FLOP, byte and second kept."""
+        """Every FLOP, byte and second of one step (`step_time` is its `total_s`)."""
         tokens, pairs, ctx_read, blocks = self._batch_sums(shape)
         linear, attention, weights, kv_read, kv_write, activations, _ = self._flops_and_bytes(
             shape, tokens, pairs, ctx_read)

@@ -263,17 +263,13 @@ H100_SXM = HardwareProfile(
     **_GPU_OVERHEADS,
 )
 
-H200 = HardwareProfile(
+# The H200 is an H100 with more and faster memory (HBM3e): same compute, same NVLink.
+H200 = replace(
+    H100_SXM,
     name="H200",
-    peak_flops={"float32": 67 * TERA, "bfloat16": 989 * TERA, "float16": 989 * TERA, "fp8": 1979 * TERA},
     memory_bandwidth=4800 * GIGA,
     memory_bytes=141e9,
-    interconnect_bandwidth=450 * GIGA,
-    network_bandwidth=50 * GIGA,
-    source="datasheet",
-    notes=_GPU_NOTE,
     provenance={"reference": "NVIDIA H200 Tensor Core GPU datasheet (SXM 141GB)"},
-    **_GPU_OVERHEADS,
 )
 
 LOCAL_CPU = HardwareProfile(
