@@ -25,6 +25,7 @@ from tqdm import tqdm
 from ref_engine.attention import kv_cache_bytes_per_block
 from ref_engine.core.config import CPU_KV_CACHE_MEMORY, EngineConfig
 from ref_engine.core.interfaces import StepResult
+from ref_engine.core.kv_cache_manager import PrefixCacheExplanation
 from ref_engine.core.metrics import StepRecord
 from ref_engine.core.request import Request, RequestStatus
 from ref_engine.core.scheduler import make_scheduler
@@ -72,7 +73,8 @@ class LLMEngine:
         self.config = self.config.for_model(self.arch.max_position_embeddings)
         self.dtype = next(loaded.model.parameters()).dtype
         self.num_kv_blocks = self._num_kv_blocks()
-        self.scheduler = make_scheduler(self.config, self.num_kv_blocks)
+        self.scheduler = make_scheduler(self.config, self.num_kv_blocks, cache_namespace=self.model_id,
+                                        explain_misses=True)
         self.runner = ModelRunner(
             loaded.model, self.arch, num_kv_blocks=self.num_kv_blocks,
             num_swap_blocks=self.scheduler.kv_cache_manager.host_pool.num_blocks,
@@ -103,14 +105,26 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         params.validate_for_vocab(self.arch.vocab_size)
-        text, token_ids, tenant = self._parse_prompt(prompt)
+        request, text = self._make_request(request_id, prompt, params, arrival_time)
+        self._enqueue(request, text)
+        return request
+
+    def _make_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                      arrival_time: float | None = None) -> tuple[Request, str | None]:
+        text, token_ids, tenant, cache_salt = self._parse_prompt(prompt)
         request = Request(
             request_id=request_id, prompt_token_ids=token_ids, max_tokens=params.max_tokens,
             arrival_time=self.now() if arrival_time is None else arrival_time,
             eos_token_ids=self.eos_token_ids, stop_token_ids=frozenset(params.stop_token_ids),
-            ignore_eos=params.ignore_eos, min_tokens=params.min_tokens, tenant=tenant, sampling_params=params)
-        self._enqueue(request, text)
-        return request
+            ignore_eos=params.ignore_eos, min_tokens=params.min_tokens, tenant=tenant, cache_salt=cache_salt,
+            sampling_params=params)
+        return request, text
+
+    def explain_prefix_cache(self, prompt: PromptType) -> PrefixCacheExplanation:
+        """How many of this prompt's tokens the prefix cache would serve right now, and why the next block
+        would miss (different tokens, another tenant or salt, evicted, ...). Changes nothing."""
+        request, _ = self._make_request("explain", prompt, SamplingParams())
+        return self.scheduler.kv_cache_manager.explain_prefix(request)
 
     def add_workload_request(self, request: Request) -> None:
         """Queue a core `Request` built by `Workload.make_requests`: greedy, exactly `max_tokens` tokens."""
@@ -128,6 +142,7 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         if self.scheduler.abort_request(request_id, self.now()) is not None:
             self._states.pop(request_id, None)
+            self.scheduler.kv_cache_manager.explanations.pop(request_id, None)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -176,14 +191,18 @@ class LLMEngine:
             raise ValueError(f"kv_cache_memory={memory} bytes holds no KV block ({per_block} bytes each)")
         return blocks
 
-    def _parse_prompt(self, prompt: PromptType) -> tuple[str | None, list[int], str | None]:
-        tenant = None
+    def _parse_prompt(self, prompt: PromptType) -> tuple[str | None, list[int], str | None, str | None]:
+        """(text, token ids, tenant, cache_salt) from a str, a list of ids or a dict in vLLM's shape."""
+        tenant = cache_salt = None
         if isinstance(prompt, dict):
-            unknown = set(prompt) - {"prompt", "prompt_token_ids", "tenant"}
+            unknown = set(prompt) - {"prompt", "prompt_token_ids", "tenant", "cache_salt"}
             if unknown:
-                raise ValueError(f"prompt dict has unknown key(s) {sorted(unknown)}; "
-                                 "expected 'prompt' or 'prompt_token_ids', optionally 'tenant'")
-            tenant = prompt.get("tenant")
+                raise ValueError(f"prompt dict has unknown key(s) {sorted(unknown)}; expected 'prompt' or "
+                                 "'prompt_token_ids', optionally 'tenant' and 'cache_salt'")
+            tenant, cache_salt = prompt.get("tenant"), prompt.get("cache_salt")
+            for key, value in (("tenant", tenant), ("cache_salt", cache_salt)):
+                if value is not None and (not isinstance(value, str) or not value):
+                    raise ValueError(f"prompt dict's {key!r} must be a non-empty string, got {value!r}")
             if "prompt_token_ids" in prompt:
                 prompt = prompt["prompt_token_ids"]
             elif "prompt" in prompt:
@@ -193,7 +212,7 @@ class LLMEngine:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
-            return prompt, self.tokenizer.encode(prompt), tenant
+            return prompt, self.tokenizer.encode(prompt), tenant, cache_salt
         if isinstance(prompt, (list, tuple)):
             ids = list(prompt)
             if not ids:
@@ -202,7 +221,7 @@ class LLMEngine:
             if bad:
                 raise ValueError(f"prompt_token_ids has ids outside the vocabulary [0, {self.arch.vocab_size}): "
                                  f"{bad[:5]}")
-            return None, ids, tenant
+            return None, ids, tenant, cache_salt
         raise ValueError(f"a prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
 
     def _record_logprobs(self, request: Request, row: int, token_id: int, sample: Any) -> None:
@@ -247,9 +266,11 @@ class LLMEngine:
         completion = CompletionOutput(index=0, text=text, token_ids=list(request.output_token_ids),
                                       finish_reason=request.status.finish_reason, stop_reason=stop_reason,
                                       logprobs=state.logprobs)
+        explanation = self.scheduler.kv_cache_manager.explanations.pop(request.request_id, None)
         return RequestOutput(request_id=request.request_id, prompt=state.prompt,
                              prompt_token_ids=request.prompt_token_ids, outputs=[completion], finished=True,
-                             num_preemptions=request.num_preemptions)
+                             num_preemptions=request.num_preemptions,
+                             num_cached_tokens=request.num_cached_tokens or 0, prefix_cache=explanation)
 
 
 class LLM:

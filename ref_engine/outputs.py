@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ref_engine.core.kv_cache_manager import PrefixCacheExplanation
+
 
 @dataclass
 class CompletionOutput:
@@ -26,3 +28,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache (vLLM's name)
+    prefix_cache: PrefixCacheExplanation | None = None  # how much hit and why the next block missed

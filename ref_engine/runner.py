@@ -2,7 +2,8 @@
 
 It owns the paged KV cache tensors (one per layer, [2, num_blocks, block_size, kv_heads, head_dim]) and the
 host pool that swapped-out blocks go to. Each step it
-1. carries out the scheduler's swap plan (device -> host copies, then host -> device);
+1. carries out the scheduler's copy plan (swap-out device -> host, copy-on-write device -> device for a
+   fully cached prompt, swap-in host -> device);
 2. flattens the scheduled requests into one token batch: token ids, positions, and the attention metadata
    (query start offsets, context lengths, slot mapping, block tables) that tells attention which slots
    to write and which blocks to read;
@@ -41,8 +42,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, output: SchedulerOutput) -> ModelOutput:
-        self._swap(output.swap_out, src=self.kv_caches, dst=self.host_kv_caches)
-        self._swap(output.swap_in, src=self.host_kv_caches, dst=self.kv_caches)
+        self._copy_blocks(output.swap_out, src=self.kv_caches, dst=self.host_kv_caches)
+        self._copy_blocks(output.copy_blocks, src=self.kv_caches, dst=self.kv_caches)
+        self._copy_blocks(output.swap_in, src=self.host_kv_caches, dst=self.kv_caches)
 
         input_ids: list[int] = []
         positions: list[int] = []
@@ -71,7 +73,7 @@ class ModelRunner:
         return ModelOutput([output.scheduled[i].request_id for i in wanted], logits)
 
     @staticmethod
-    def _swap(plan: list[tuple[int, int]], *, src: list[torch.Tensor], dst: list[torch.Tensor]) -> None:
+    def _copy_blocks(plan: list[tuple[int, int]], *, src: list[torch.Tensor], dst: list[torch.Tensor]) -> None:
         """Copy blocks src[i] -> dst[j] for each (i, j) in the plan, in every layer (K and V together)."""
         if not plan:
             return

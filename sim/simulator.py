@@ -104,7 +104,8 @@ class Simulator:
 
     def make_executor(self, env: simpy.Environment, name: str = "engine") -> SimulatedExecutor:
         """A fresh replica (new scheduler, empty KV pool) on `env`'s clock."""
-        return SimulatedExecutor(env, make_scheduler(self.config, self.num_kv_blocks), self.step_timer, name)
+        scheduler = make_scheduler(self.config, self.num_kv_blocks, cache_namespace=self.arch.name)
+        return SimulatedExecutor(env, scheduler, self.step_timer, name)
 
     def run(self, workload: Workload) -> RunMetrics:
         """Serve `workload` from an empty engine at time 0 until every request finished or was refused."""

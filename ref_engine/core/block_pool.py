@@ -1,32 +1,55 @@
-"""`BlockPool`: the fixed set of KV-cache blocks, their reference counts and the free queue.
+"""`BlockPool`: the fixed set of KV-cache blocks, their reference counts, the free queue and the prefix cache.
 
 A block is `block_size` token slots of K and V in every layer. The pool hands out block ids and takes them
 back; it never sees a request (that is the KV cache manager's job) and never sees a tensor (that is the
-runner's). Invariants, checked by `check_invariants` in the property tests:
-- every block is either free (ref count 0, in the free queue exactly once) or used (ref count >= 1);
-- number of free blocks + number of used blocks = `num_blocks`.
-Reference counts are > 1 only when requests share a block (prefix caching builds on that).
+runner's).
 
-Lesson: lessons/02-paged-attention.md (the KV cache as virtual memory).
+Prefix caching adds one idea: a freed block keeps its contents. A full block can be registered under its
+content hash (`ref_engine/core/block_hash.py`); when its last user frees it, it goes to the free queue but
+stays findable, as an *evictable cached block*. A later request with the same prefix takes it back
+(`touch`) instead of recomputing it. Allocation takes blocks from the head of the free queue, which holds
+the least recently freed blocks, and only then evicts whatever cached content they held: so eviction is
+least-recently-used, and a block someone is using (ref count >= 1) is never evicted.
+
+Invariants, checked by `check_invariants` in the property tests:
+- every block is either free (ref count 0, in the free queue exactly once) or used (ref count >= 1);
+- number of free blocks + number of used blocks = `num_blocks`;
+- the hash map and the blocks agree: `cached[h] == b` exactly when `block_hash[b] == h`.
+Ref counts are > 1 only when requests share a cached block.
+
+Lesson: lessons/02-paged-attention.md (the KV cache as virtual memory); lessons/04-prefix-caching.md
+(evictable cached blocks, LRU eviction).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
+
+from ref_engine.core.block_hash import BlockHash
 
 
 class BlockPool:
     """`num_blocks` blocks numbered 0..num_blocks-1; freed blocks are reused first-in, first-out."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, *, remember_evictions: bool = False) -> None:
+        """`remember_evictions` keeps every evicted hash, so a miss can be explained as "evicted"; the
+        simulator leaves it off, since over a long run that set grows without bound."""
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
         self.num_blocks = num_blocks
         self.ref_cnt = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        # An ordered set: O(1) removal from the middle, which a cache hit on a free block needs.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.cached: dict[BlockHash, int] = {}  # content hash -> the block holding it
+        self.block_hash: list[BlockHash | None] = [None] * num_blocks
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks  # compared on a hit
+        self.num_evictions = 0
+        self.remember_evictions = remember_evictions
+        self.evicted: set[BlockHash] = set()  # hashes cached once and evicted (for miss explanations)
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks an allocation can take, including evictable cached blocks."""
         return len(self._free)
 
     @property
@@ -35,30 +58,80 @@ class BlockPool:
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks in use (vLLM's `kv_cache_usage`)."""
+        """Fraction of blocks in use (vLLM's `kv_cache_usage`); evictable cached blocks count as free."""
         return self.num_used_blocks / self.num_blocks if self.num_blocks else 0.0
 
     def get_new_blocks(self, n: int) -> list[int]:
-        """Take `n` free blocks (ref count 1 each). The caller checks `num_free_blocks` first."""
+        """Take `n` free blocks (ref count 1 each), evicting the cached contents of the oldest ones.
+        The caller checks `num_free_blocks` first."""
         if n > len(self._free):
             raise RuntimeError(f"asked for {n} blocks, only {len(self._free)} free")
-        blocks = [self._free.popleft() for _ in range(n)]
-        for b in blocks:
+        blocks = []
+        for _ in range(n):
+            b, _ = self._free.popitem(last=False)
+            if self.block_hash[b] is not None:
+                self._uncache(b)
             self.ref_cnt[b] = 1
+            blocks.append(b)
         return blocks
 
     def free_blocks(self, block_ids: list[int]) -> None:
-        """Drop one reference to each block; a block whose count reaches 0 goes back to the free queue."""
+        """Drop one reference to each block; a block whose count reaches 0 goes to the back of the free
+        queue (cached contents kept). Callers pass a request's blocks last-first, so a prefix's tail is
+        evicted before its head, which more requests share."""
         for b in block_ids:
             if self.ref_cnt[b] <= 0:
                 raise RuntimeError(f"block {b} freed while not in use")
             self.ref_cnt[b] -= 1
             if self.ref_cnt[b] == 0:
-                self._free.append(b)
+                self._free[b] = None
+
+    # ---- the prefix cache ----
+
+    def get_cached_block(self, block_hash: BlockHash, token_ids: tuple[int, ...]) -> int | None:
+        """The block holding this content, or None. Tokens are compared, so a hash collision is a miss."""
+        b = self.cached.get(block_hash)
+        if b is None or self.block_tokens[b] != token_ids:
+            return None
+        return b
+
+    def touch(self, block_ids: list[int]) -> None:
+        """Take one more reference to cached blocks a request reuses; a free one leaves the free queue."""
+        for b in block_ids:
+            if self.ref_cnt[b] == 0:
+                del self._free[b]
+            self.ref_cnt[b] += 1
+
+    def cache_block(self, b: int, block_hash: BlockHash, token_ids: tuple[int, ...]) -> None:
+        """Register a full, computed block under its hash. If another block already holds that content
+        (two requests computed the same prefix at once), this one simply stays unregistered."""
+        if block_hash in self.cached or self.block_hash[b] is not None:
+            return
+        self.cached[block_hash] = b
+        self.block_hash[b] = block_hash
+        self.block_tokens[b] = token_ids
+        self.evicted.discard(block_hash)
+
+    def _uncache(self, b: int) -> None:
+        block_hash = self.block_hash[b]
+        del self.cached[block_hash]
+        self.block_hash[b] = None
+        self.block_tokens[b] = None
+        if self.remember_evictions:
+            self.evicted.add(block_hash)
+        self.num_evictions += 1
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self.cached)
 
     def check_invariants(self) -> None:
-        free = set(self._free)
-        assert len(free) == len(self._free), "a block is in the free queue twice"
+        assert len(self._free) + sum(1 for c in self.ref_cnt if c > 0) == self.num_blocks, \
+            "a block is both free and in use, or neither"
         for b in range(self.num_blocks):
             assert self.ref_cnt[b] >= 0, f"block {b} has a negative ref count"
-            assert (self.ref_cnt[b] == 0) == (b in free), f"block {b}: ref count and free queue disagree"
+            assert (self.ref_cnt[b] == 0) == (b in self._free), f"block {b}: ref count and free queue disagree"
+            h = self.block_hash[b]
+            assert h is None or self.cached.get(h) == b, f"block {b} has a hash the map does not point back from"
+        for h, b in self.cached.items():
+            assert self.block_hash[b] == h, f"hash map points to block {b}, which holds other content"

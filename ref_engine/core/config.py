@@ -38,7 +38,7 @@ class EngineConfig:
     preemption_mode: PreemptionMode = "recompute"
     scheduling: SchedulingPolicy = "continuous"
     kv_allocation: KVAllocation = "paged"  # "contiguous*" reserve whole sequences up front (lesson 2)
-    enable_prefix_caching: bool = False  # content-hashed block reuse; not built yet (issue: prefix caching)
+    enable_prefix_caching: bool = True  # reuse computed KV blocks by content hash (vLLM's default: on)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -47,6 +47,9 @@ class EngineConfig:
             value = getattr(self, knob)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{knob} must be a positive integer, got {value!r}")
+        for knob in ("enable_chunked_prefill", "enable_prefix_caching"):
+            if not isinstance(getattr(self, knob), bool):
+                raise ValueError(f"{knob} must be True or False, got {getattr(self, knob)!r}")
         for knob in ("max_model_len", "kv_cache_memory", "num_kv_blocks"):
             value = getattr(self, knob)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -57,8 +60,6 @@ class EngineConfig:
         _check_choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
         _check_choice("scheduling", self.scheduling, ("continuous", "static"))
         _check_choice("kv_allocation", self.kv_allocation, ("paged", "contiguous", "contiguous_exact"))
-        if self.enable_prefix_caching:
-            raise ValueError("enable_prefix_caching=True is not supported yet: prefix caching is not built")
         if (not self.enable_chunked_prefill and self.max_model_len is not None
                 and self.max_num_batched_tokens < self.max_model_len):
             raise ValueError(

@@ -36,16 +36,19 @@ class ScheduledRequest:
 
 @dataclass(frozen=True)
 class SchedulerOutput:
-    """One step's plan. Executors apply `swap_out` and `swap_in` copies before running the model."""
+    """One step's plan. Executors copy blocks before running the model, in this order: `swap_out`, then
+    `copy_blocks`, then `swap_in`, so every copy reads a block before anything overwrites it."""
 
     step_id: int
     scheduled: list[ScheduledRequest]
     preempted_request_ids: list[str] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, host block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host block, device block)
+    copy_blocks: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst), on the device
     # memory snapshot after this step's allocation, for KV-utilization plots
     kv_usage: float = 0.0  # fraction of device blocks in use
-    num_live_tokens: int = 0  # tokens whose K/V sits (or is written this step) in device blocks
+    num_live_tokens: int = 0  # tokens whose K/V sits (or is written this step) in device blocks, per
+    # request: a prefix block shared by k requests counts k times, so it can exceed num_reserved_slots
     num_reserved_slots: int = 0  # token slots of all device blocks in use
 
     @property

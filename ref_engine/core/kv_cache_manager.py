@@ -10,76 +10,248 @@ Three allocation modes (`EngineConfig.kv_allocation`) let lesson 2 measure what 
 - "contiguous_exact": reserve prompt + max_tokens up front (an oracle that knows the output length).
 Live tokens (the scheduler counts them) vs `num_reserved_slots` is the fragmentation a lesson plots.
 
+With prefix caching (`enable_caching`), a request first looks up the longest run of its leading full
+blocks that some earlier request already computed (`get_computed_blocks`, by content hash) and shares them
+instead of computing them again; each block it completes is registered for later requests
+(`cache_full_blocks`). `explain_prefix` says why a lookup stopped where it did.
+
 Preemption by swap moves a request's blocks to a host pool and back; the manager only decides which block
 goes where and returns the copy plan, which executors carry out.
 
-Lesson: lessons/02-paged-attention.md (block tables and allocation).
+Lesson: lessons/02-paged-attention.md (block tables and allocation); lessons/04-prefix-caching.md
+(lookup, sharing and miss explanations).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
+from ref_engine.core.block_hash import BlockHash, extend_block_hashes, hash_block_tokens, isolation_key
 from ref_engine.core.block_pool import BlockPool
 from ref_engine.core.config import KVAllocation
 from ref_engine.core.request import Request
+
+MissReason = Literal["caching_disabled", "shorter_than_block", "all_full_blocks_hit", "evicted",
+                     "other_isolation_key", "different_tokens", "never_computed"]
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@dataclass(frozen=True)
+class PrefixCacheExplanation:
+    """How much of a request's prompt hit the prefix cache, and why the next block missed."""
+
+    num_tokens: int  # tokens the lookup covered (the prompt, plus outputs after a preemption)
+    num_cached_tokens: int
+    reason: MissReason
+    position: int | None = None  # token index where the miss starts (the first differing token if known)
+
+    def __str__(self) -> str:
+        hit = f"{self.num_cached_tokens} of {self.num_tokens} tokens hit"
+        where = f" at token {self.position}" if self.position is not None else ""
+        why = {
+            "caching_disabled": "prefix caching is off",
+            "shorter_than_block": "no full block precedes the last token (a prompt needs more than "
+                                  "block_size tokens to hit at all)",
+            "all_full_blocks_hit": "every full block before the last token hit; the rest (a partial block "
+                                   "and the last token, whose logits are needed) is always computed",
+            "evicted": f"the next block{where} was cached but has been evicted",
+            "other_isolation_key": f"the next block{where} is cached, but for another tenant or cache_salt",
+            "different_tokens": f"a cached block continues this prefix, but its tokens differ{where}",
+            "never_computed": f"no request has computed the next block{where} yet",
+        }[self.reason]
+        return f"{hit}: {why}"
+
+
+@dataclass(frozen=True)
+class CachedPrefix:
+    """A lookup's result: cached blocks that start a request's table, and how many tokens they give.
+
+    `num_tokens` is len(blocks) * block_size, except when a whole block-aligned prompt hit: then it is one
+    less, because the last token is computed again for its logits. Its slot sits in the last block, which
+    other requests may be reading, so that block is copied (copy-on-write) instead of shared.
+    """
+
+    blocks: list[int]
+    num_tokens: int
+
+    def needs_copy(self, block_size: int) -> bool:
+        return self.num_tokens < len(self.blocks) * block_size
+
+
+NO_PREFIX = CachedPrefix([], 0)
+
+
 class KVCacheManager:
     def __init__(self, block_size: int, num_blocks: int, *, num_swap_blocks: int = 0,
-                 allocation: KVAllocation = "paged", max_model_len: int = 2048) -> None:
+                 allocation: KVAllocation = "paged", max_model_len: int = 2048, enable_caching: bool = False,
+                 cache_namespace: str = "", explain_misses: bool = False) -> None:
+        """`cache_namespace` names the model, so hashes from two models never meet; `explain_misses`
+        records a `PrefixCacheExplanation` per request at its lookup (the engine turns it on)."""
         self.block_size = block_size
         self.allocation = allocation
         self.max_model_len = max_model_len
-        self.block_pool = BlockPool(num_blocks)
+        self.enable_caching = enable_caching
+        self.cache_namespace = cache_namespace
+        self.explain_misses = explain_misses
+        self.block_pool = BlockPool(num_blocks, remember_evictions=explain_misses)
         self.host_pool = BlockPool(num_swap_blocks)
         self.block_tables: dict[str, list[int]] = {}
         self.host_block_tables: dict[str, list[int]] = {}
+        self._num_registered: dict[str, int] = {}  # leading blocks of each table already in the cache
+        self._isolation_keys: set[bytes] = set()  # every key seen, to explain cross-tenant misses
+        self.explanations: dict[str, PrefixCacheExplanation] = {}
+        self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for this step
 
     # ---- sizing ----
 
-    def tokens_to_hold(self, request: Request, num_new_tokens: int) -> int:
-        """How many token slots the request's table must cover after this step, by allocation mode."""
-        needed = request.num_computed_tokens + num_new_tokens
+    def tokens_to_hold(self, request: Request, num_tokens: int) -> int:
+        """How many token slots the request's table must cover once it holds `num_tokens`, by mode."""
         if self.allocation == "contiguous":
-            return max(needed, self.max_model_len)
+            return max(num_tokens, self.max_model_len)
         if self.allocation == "contiguous_exact":
-            return max(needed, request.max_total_tokens)
-        return needed
+            return max(num_tokens, request.max_total_tokens)
+        return num_tokens
 
     def max_blocks_needed(self, request: Request) -> int:
         """Blocks the request will hold at its largest; admission refuses one that exceeds the pool."""
-        return cdiv(self.tokens_to_hold(request, request.max_total_tokens - request.num_computed_tokens),
-                    self.block_size)
+        return cdiv(self.tokens_to_hold(request, request.max_total_tokens), self.block_size)
+
+    # ---- the prefix cache ----
+
+    def block_hashes(self, request: Request) -> list[BlockHash]:
+        """The hash chain of the request's full blocks of known tokens, extended as tokens arrive."""
+        hashes = request.block_hashes
+        done = len(hashes) * self.block_size
+        if request.num_tokens - done >= self.block_size:
+            key = isolation_key(self.cache_namespace, request.tenant, request.cache_salt)
+            extend_block_hashes(hashes, request.token_ids(done, request.num_tokens), self.block_size, key)
+        return hashes
+
+    def get_computed_blocks(self, request: Request) -> CachedPrefix:
+        """The longest run of the request's leading full blocks already in the cache (not yet referenced).
+
+        At most num_tokens - 1 tokens: the last known token is always computed, because the step needs its
+        logits. Only a request with nothing computed looks up (not a swapped one).
+        """
+        if not self.enable_caching or request.num_computed_tokens:
+            return NO_PREFIX
+        hashes = self.block_hashes(request)
+        blocks = []
+        for i, block_hash in enumerate(hashes):
+            b = self.block_pool.get_cached_block(block_hash, self._block_tokens(request, i))
+            if b is None:
+                break
+            blocks.append(b)
+        limit = (request.num_tokens - 1) // self.block_size
+        if self.explain_misses:
+            self.explanations[request.request_id] = self._explain(request, min(len(blocks), limit), limit)
+        return CachedPrefix(blocks, min(len(blocks) * self.block_size, request.num_tokens - 1))
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Register the blocks the request has completed since the last call (after each step)."""
+        num_full = request.num_computed_tokens // self.block_size
+        start = self._num_registered.get(request.request_id, 0)
+        if not self.enable_caching or num_full <= start:
+            return
+        hashes = self.block_hashes(request)
+        table = self.block_tables[request.request_id]
+        for i in range(start, num_full):
+            self.block_pool.cache_block(table[i], hashes[i], self._block_tokens(request, i))
+        self._num_registered[request.request_id] = num_full
+
+    def _block_tokens(self, request: Request, i: int) -> tuple[int, ...]:
+        return tuple(request.token_ids(i * self.block_size, (i + 1) * self.block_size))
+
+    def explain_prefix(self, request: Request) -> PrefixCacheExplanation:
+        """What a lookup for this request would find now, and why it would stop there (no side effects)."""
+        if not self.enable_caching:
+            return PrefixCacheExplanation(request.num_tokens, 0, "caching_disabled")
+        hashes = self.block_hashes(request)
+        limit = min(len(hashes), (request.num_tokens - 1) // self.block_size)
+        hits = 0
+        while hits < limit and self.block_pool.get_cached_block(hashes[hits], self._block_tokens(request, hits)) \
+                is not None:
+            hits += 1
+        return self._explain(request, hits, limit)
+
+    def _explain(self, request: Request, hits: int, limit: int) -> PrefixCacheExplanation:
+        bs = self.block_size
+        n = request.num_tokens
+        own_key = isolation_key(self.cache_namespace, request.tenant, request.cache_salt)
+        self._isolation_keys.add(own_key)
+        if limit == 0:
+            return PrefixCacheExplanation(n, 0, "shorter_than_block")
+        if hits == limit:
+            return PrefixCacheExplanation(n, hits * bs, "all_full_blocks_hit")
+        pool = self.block_pool
+        hashes = self.block_hashes(request)
+        if hashes[hits] in pool.evicted:
+            return PrefixCacheExplanation(n, hits * bs, "evicted", hits * bs)
+        for key in self._isolation_keys - {own_key}:
+            other: list[BlockHash] = []
+            extend_block_hashes(other, request.token_ids(0, (hits + 1) * bs), bs, key)
+            if other[hits] in pool.cached:
+                return PrefixCacheExplanation(n, hits * bs, "other_isolation_key", hits * bs)
+        # A cached block whose parent is our last hit and whose key is ours, but with other tokens?
+        parent = hashes[hits - 1] if hits else None
+        mine = self._block_tokens(request, hits)
+        best = None
+        for b, tokens in enumerate(pool.block_tokens):
+            if tokens is not None and hash_block_tokens(parent, tokens, own_key) == pool.block_hash[b]:
+                same = next((j for j, (x, y) in enumerate(zip(tokens, mine)) if x != y), bs)
+                best = same if best is None else max(best, same)
+        if best is not None:
+            return PrefixCacheExplanation(n, hits * bs, "different_tokens", hits * bs + best)
+        return PrefixCacheExplanation(n, hits * bs, "never_computed", hits * bs)
 
     # ---- allocation ----
 
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
-        """Make room for `num_new_tokens` more tokens of `request`.
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       prefix: CachedPrefix = NO_PREFIX) -> list[int] | None:
+        """Make room for `num_new_tokens` more tokens of `request`, after `prefix` (the cache hits from
+        `get_computed_blocks` that a new request's table starts with).
 
         Returns the newly taken block ids (possibly none), or None if the pool lacks free blocks, in which
         case nothing changes and the scheduler must wait or preempt.
         """
+        shared = prefix.blocks[:-1] if prefix.needs_copy(self.block_size) else prefix.blocks
         table = self.block_tables.get(request.request_id)
-        held = len(table) if table is not None else 0
-        missing = cdiv(self.tokens_to_hold(request, num_new_tokens), self.block_size) - held
-        if missing <= 0:
+        held = (len(table) if table is not None else 0) + len(shared)
+        num_tokens = request.num_computed_tokens + prefix.num_tokens + num_new_tokens
+        missing = cdiv(self.tokens_to_hold(request, num_tokens), self.block_size) - held
+        if missing <= 0 and not shared:
             return []  # the common decode step: the last block still has room
-        if missing > self.block_pool.num_free_blocks:
+        pool = self.block_pool
+        reclaimed = sum(1 for b in shared if pool.ref_cnt[b] == 0)  # hits that sit in the free queue
+        if max(missing, 0) + reclaimed > pool.num_free_blocks:
             return None
-        new_blocks = self.block_pool.get_new_blocks(missing)
+        pool.touch(shared)  # before allocating, so the hits cannot be evicted by it
+        new_blocks = pool.get_new_blocks(max(missing, 0))
         if table is None:
-            self.block_tables[request.request_id] = new_blocks[:]
+            self.block_tables[request.request_id] = shared + new_blocks
+            self._num_registered[request.request_id] = len(shared)
         else:
             table.extend(new_blocks)
+        if len(shared) < len(prefix.blocks):
+            # Executors copy before any block is written, so the source may even be reallocated this step.
+            self.pending_copies.append((prefix.blocks[-1], new_blocks[0]))
         return new_blocks
 
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The copy-on-write plan of this step's allocations, handed to the executor once."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
     def free(self, request_id: str) -> None:
-        """Give back every block the request holds, on the device and on the host."""
-        self.block_pool.free_blocks(self.block_tables.pop(request_id, []))
+        """Give back every block the request holds, on the device and on the host (last block first, so
+        a cached prefix is evicted from its tail)."""
+        self.block_pool.free_blocks(self.block_tables.pop(request_id, [])[::-1])
         self.host_pool.free_blocks(self.host_block_tables.pop(request_id, []))
+        self._num_registered.pop(request_id, None)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return self.block_tables.get(request_id, [])
@@ -92,15 +264,18 @@ class KVCacheManager:
         if len(table) > self.host_pool.num_free_blocks:
             return None
         host_blocks = self.host_pool.get_new_blocks(len(table))
-        self.block_pool.free_blocks(self.block_tables.pop(request_id))
+        self.block_pool.free_blocks(self.block_tables.pop(request_id)[::-1])
+        self._num_registered.pop(request_id, None)
         self.host_block_tables[request_id] = host_blocks
         return list(zip(table, host_blocks))
 
     def swap_in(self, request: Request, num_new_tokens: int) -> list[tuple[int, int]] | None:
         """Bring the request's blocks back to the device and make room for `num_new_tokens` more, all or
-        nothing; None if the device pool is too small."""
+        nothing; None if the device pool is too small. (The copies are fresh blocks: they register in the
+        prefix cache again only where their content was evicted meanwhile.)"""
         host_blocks = self.host_block_tables[request.request_id]
-        total = max(cdiv(self.tokens_to_hold(request, num_new_tokens), self.block_size), len(host_blocks))
+        total = max(cdiv(self.tokens_to_hold(request, request.num_computed_tokens + num_new_tokens),
+                         self.block_size), len(host_blocks))
         if total > self.block_pool.num_free_blocks:
             return None
         device_blocks = self.block_pool.get_new_blocks(len(host_blocks))
@@ -121,12 +296,14 @@ class KVCacheManager:
         return self.block_pool.num_used_blocks * self.block_size
 
     def check_invariants(self) -> None:
-        """Ref counts equal block-table entries; no block is in two tables (no sharing without caching)."""
+        """Ref counts equal block-table entries; only cached blocks are shared between tables."""
         for pool, tables in ((self.block_pool, self.block_tables), (self.host_pool, self.host_block_tables)):
             pool.check_invariants()
-            held = [b for t in tables.values() for b in t]
-            assert len(held) == len(set(held)), "a block appears in two block tables"
             counts = [0] * pool.num_blocks
-            for b in held:
-                counts[b] += 1
+            for table in tables.values():
+                assert len(table) == len(set(table)), "a block appears twice in one block table"
+                for b in table:
+                    counts[b] += 1
             assert counts == pool.ref_cnt, "ref counts differ from block-table entries"
+            shared = [b for b, c in enumerate(counts) if c > 1 and pool.block_hash[b] is None]
+            assert not shared, f"blocks {shared[:5]} are shared but not cached"

@@ -7,6 +7,8 @@ so numbers from a real vLLM run can sit in the same table. Definitions, per requ
 - ITL (inter-token latency): every gap between consecutive tokens of a request, pooled over requests;
 - E2EL = finish time - arrival time; queue time = first scheduled time - arrival time.
 Throughputs divide by the run's duration: first arrival to last finish.
+Prefix caching is counted in prompt tokens, as vLLM's `prefix_cache_queries`/`prefix_cache_hits`: a
+request's prompt tokens are queries, its `num_cached_tokens` (the hit at its first scheduling) are hits.
 
 `StepRecord` is one executed step (its batch shape and duration): what calibration fits and what timeline
 plots draw.
@@ -104,6 +106,9 @@ class RunMetrics:
     num_steps: int
     mean_kv_usage: float
     max_kv_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    prefix_cache_hit_rate: float  # hits / queries
     steps: list[StepRecord] = field(default_factory=list, repr=False)
 
     @classmethod
@@ -124,6 +129,7 @@ class RunMetrics:
         n_out = sum(r.num_output_tokens for r in done)
         per_s = (lambda x: x / duration) if duration > 0 else (lambda x: math.nan)
         usage = [s.kv_usage for s in steps]
+        hits = sum(r.num_cached_tokens or 0 for r in done)
         return cls(
             completed=len(done), failed=failed, duration=duration,
             total_input_tokens=n_in, total_output_tokens=n_out,
@@ -136,6 +142,8 @@ class RunMetrics:
             num_steps=len(steps),
             mean_kv_usage=fmean(usage) if usage else 0.0,
             max_kv_usage=max(usage, default=0.0),
+            prefix_cache_queries=n_in, prefix_cache_hits=hits,
+            prefix_cache_hit_rate=hits / n_in if n_in else 0.0,
             steps=steps,
         )
 

@@ -52,12 +52,15 @@ class Request:
     ignore_eos: bool = False
     min_tokens: int = 0
     tenant: str | None = None
+    cache_salt: str | None = None  # with the tenant, the prefix-cache isolation key
     sampling_params: Any = None
 
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
+    num_cached_tokens: int | None = None  # prompt tokens served by the prefix cache (set when first scheduled)
+    block_hashes: list[bytes] = field(default_factory=list, repr=False)  # hash chain of full blocks
 
     first_scheduled_time: float | None = None
     first_token_time: float | None = None

@@ -11,7 +11,10 @@ decode token differ only in N.
    preempted: by recompute (free its blocks, requeue it at the head, recompute prompt + output later) or
    by swap (copy its blocks to the host pool; recompute when the host pool is full);
 3. if nothing was preempted, waiting requests are admitted in arrival order while budget, `max_num_seqs`
-   and free blocks last. A request joins the batch the step after another leaves: no bubbles.
+   and free blocks last. A request joins the batch the step after another leaves: no bubbles. With
+   prefix caching, an admitted request starts with its cached leading blocks already computed, so only
+   the rest of its prompt counts against the budget;
+4. after the step, every block a request completed is registered in the prefix cache.
 
 `StaticScheduler` is the baseline lesson 1 contrasts: it forms a batch, reserves each member's whole
 prompt + max_tokens up front, and admits nobody until every member has finished.
@@ -19,7 +22,8 @@ prompt + max_tokens up front, and admits nobody until every member has finished.
 Both are plain Python with no clock and no tensors: callers pass `now`, so the real engine (wall clock)
 and the simulator (SimPy clock) drive the very same objects.
 
-Lesson: lessons/01-continuous-batching.md; preemption in lessons/02-paged-attention.md.
+Lesson: lessons/01-continuous-batching.md; preemption in lessons/02-paged-attention.md; cache lookups in
+lessons/04-prefix-caching.md.
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ from ref_engine.core.request import Request, RequestStatus
 class Scheduler:
     """Continuous batching with chunked prefill and preemption."""
 
-    def __init__(self, config: EngineConfig, num_kv_blocks: int) -> None:
+    def __init__(self, config: EngineConfig, num_kv_blocks: int, *, cache_namespace: str = "",
+                 explain_misses: bool = False) -> None:
+        """`cache_namespace` (the model's id) and `explain_misses` go to the KV cache manager."""
         if config.max_model_len is None:
             raise ValueError("max_model_len is unset: call config.for_model(...) before building a scheduler")
         self.config = config
@@ -45,7 +51,9 @@ class Scheduler:
             num_swap = 0
         self.kv_cache_manager = KVCacheManager(
             config.block_size, num_kv_blocks, num_swap_blocks=num_swap,
-            allocation=config.kv_allocation, max_model_len=config.max_model_len)
+            allocation=config.kv_allocation, max_model_len=config.max_model_len,
+            enable_caching=config.enable_prefix_caching, cache_namespace=cache_namespace,
+            explain_misses=explain_misses)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}  # unfinished requests by id
@@ -132,7 +140,8 @@ class Scheduler:
 
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            n = request.num_tokens - request.num_computed_tokens
+            prefix = self.kv_cache_manager.get_computed_blocks(request)
+            n = request.num_tokens - request.num_computed_tokens - prefix.num_tokens
             if n > budget:
                 if not self.config.enable_chunked_prefill:
                     break
@@ -142,9 +151,9 @@ class Scheduler:
                 if plan is None:
                     break
                 swap_in += plan
-            elif self.kv_cache_manager.allocate_slots(request, n) is None:
+            elif self.kv_cache_manager.allocate_slots(request, n, prefix) is None:
                 break
-            self._admit(self.waiting.popleft(), now)
+            self._admit(self.waiting.popleft(), now, prefix.num_tokens)
             planned.append((request, n))
             budget -= n
 
@@ -158,6 +167,7 @@ class Scheduler:
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # finished or aborted while the step ran
             request.num_computed_tokens += scheduled.num_scheduled_tokens
+            self.kv_cache_manager.cache_full_blocks(request)
             if scheduled.needs_logits:
                 for token_id in result.sampled_token_ids[scheduled.request_id]:
                     request.append_output_token(token_id, now)
@@ -172,7 +182,11 @@ class Scheduler:
 
     # ---- helpers ----
 
-    def _admit(self, request: Request, now: float) -> None:
+    def _admit(self, request: Request, now: float, num_cached: int = 0) -> None:
+        """Move a request to running; its first `num_cached` uncomputed tokens came from the prefix cache."""
+        request.num_computed_tokens += num_cached
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_cached
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         if request.first_scheduled_time is None:
@@ -214,7 +228,7 @@ class Scheduler:
         live = sum(r.num_computed_tokens for r in self.running) + sum(n for _, n in planned)
         return SchedulerOutput(
             step_id=self.num_steps, scheduled=scheduled, preempted_request_ids=preempted,
-            swap_out=swap_out, swap_in=swap_in, kv_usage=kv.usage, num_live_tokens=live,
+            swap_out=swap_out, swap_in=swap_in, copy_blocks=kv.take_copies(), kv_usage=kv.usage, num_live_tokens=live,
             num_reserved_slots=kv.num_reserved_slots)
 
 
@@ -230,9 +244,11 @@ class StaticScheduler(Scheduler):
         if not self.running:
             while self.waiting and len(self.running) < self.config.max_num_seqs:
                 request = self.waiting[0]
-                if kv.allocate_slots(request, request.max_total_tokens - request.num_computed_tokens) is None:
+                prefix = kv.get_computed_blocks(request)
+                reserve = request.max_total_tokens - request.num_computed_tokens - prefix.num_tokens
+                if kv.allocate_slots(request, reserve, prefix) is None:
                     break
-                self._admit(self.waiting.popleft(), now)
+                self._admit(self.waiting.popleft(), now, prefix.num_tokens)
 
         budget = self.config.max_num_batched_tokens
         planned = []
@@ -247,7 +263,8 @@ class StaticScheduler(Scheduler):
         return self._make_output(planned, [], [], [])
 
 
-def make_scheduler(config: EngineConfig, num_kv_blocks: int) -> Scheduler:
+def make_scheduler(config: EngineConfig, num_kv_blocks: int, *, cache_namespace: str = "",
+                   explain_misses: bool = False) -> Scheduler:
     """The scheduler `config.scheduling` names."""
     cls = StaticScheduler if config.scheduling == "static" else Scheduler
-    return cls(config, num_kv_blocks)
+    return cls(config, num_kv_blocks, cache_namespace=cache_namespace, explain_misses=explain_misses)

@@ -1,7 +1,10 @@
 """Property tests of the block pool, KV cache manager and schedulers, driven by a fake executor.
 
-No torch here: the core must stand on its own. Hypothesis draws request mixes, pool sizes, budgets and
-abort times; after every step we check the invariants the module docstrings promise.
+No torch here: the core must stand on its own. Hypothesis draws request mixes (prompts built from a few
+shared prefixes, so the prefix cache hits and evicts), pool sizes, budgets and abort times; after every
+step we check the invariants the module docstrings promise. A fake KV store (slot -> what was written
+there) checks the one property prefix caching must never break: every slot a request reads holds the K/V
+of its own token at that position, computed under its own isolation key.
 """
 
 from __future__ import annotations
@@ -15,6 +18,26 @@ from ref_engine.core import EngineConfig, Request, RequestStatus, StepResult, ma
 from ref_engine.core.kv_cache_manager import cdiv
 
 TERMINAL = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+
+
+def write_and_check_kv(sched, out, store: dict, host: dict) -> None:
+    """Fake execution: carry out the step's block copies in the runner's order, write each scheduled
+    token's (key, position, token) into its slot, then check that every position the request has computed
+    reads back its own token."""
+    bs = sched.config.block_size
+    for plan, src, dst in ((out.swap_out, store, host), (out.copy_blocks, store, store), (out.swap_in, host, store)):
+        moved = {(j, slot): src.get((i, slot)) for i, j in plan for slot in range(bs)}
+        dst.update(moved)
+    for s in out.scheduled:
+        req = sched.requests[s.request_id]
+        key = (req.tenant, req.cache_salt)
+        for j, token in enumerate(s.token_ids):
+            p = s.num_computed_tokens + j
+            store[s.block_ids[p // bs], p % bs] = (key, p, token)
+        expected = req.token_ids(0, s.num_computed_tokens + s.num_scheduled_tokens)
+        for p, token in enumerate(expected):
+            assert store.get((s.block_ids[p // bs], p % bs)) == (key, p, token), \
+                f"request {s.request_id} reads wrong K/V at position {p}"
 
 
 def check_step_invariants(sched, out) -> None:
@@ -37,7 +60,8 @@ def check_step_invariants(sched, out) -> None:
         assert r.status in (RequestStatus.WAITING, RequestStatus.SWAPPED)
         assert (r.request_id in kv.host_block_tables) == (r.status is RequestStatus.SWAPPED)
         assert r.request_id not in kv.block_tables
-    assert out.num_live_tokens <= out.num_reserved_slots
+    if max(pool.ref_cnt, default=0) <= 1:  # shared prefix blocks hold tokens of several requests at once
+        assert out.num_live_tokens <= out.num_reserved_slots
 
 
 @st.composite
@@ -53,10 +77,12 @@ def scenarios(draw):
         num_swap_blocks=draw(st.sampled_from([None, 0, 3])),
         scheduling=draw(st.sampled_from(["continuous", "static"])),
         kv_allocation=draw(st.sampled_from(["paged", "paged", "contiguous", "contiguous_exact"])),
+        enable_prefix_caching=draw(st.booleans()),
     )
     num_blocks = draw(st.integers(cdiv(max_model_len, block_size), cdiv(4 * max_model_len, block_size)))
     requests = draw(st.lists(
-        st.tuples(st.integers(1, max_model_len + 4), st.integers(1, 40), st.integers(0, 30)),
+        st.tuples(st.integers(1, max_model_len + 4), st.integers(1, 40), st.integers(0, 30),
+                  st.integers(0, 2), st.sampled_from([None, "a", "b"])),  # prefix family, tenant
         min_size=1, max_size=12))
     abort_at = draw(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 11)), max_size=3))
     return config, num_blocks, requests, dict(abort_at), draw(st.integers(0, 2**16))
@@ -72,9 +98,16 @@ def test_invariants_hold_under_any_sequence(scenario):
     pending = []  # (arrival step, request)
     accepted: list[Request] = []
     refused = 0
-    for i, (prompt_len, max_tokens, arrive) in enumerate(specs):
-        req = Request(str(i), [rng.randrange(1, 50) for _ in range(prompt_len)], max_tokens,
-                      eos_token_ids=eos)
+    families = [[rng.randrange(1, 50) for _ in range(config.max_model_len + 4)] for _ in range(2)]
+    store: dict = {}
+    host: dict = {}
+    for i, (prompt_len, max_tokens, arrive, family, tenant) in enumerate(specs):
+        if family < 2:  # a shared prefix of random length, then a distinct tail
+            shared = rng.choice([prompt_len, rng.randint(0, prompt_len)])  # often the whole prompt
+            prompt = families[family][:shared] + [rng.randrange(1, 50) for _ in range(prompt_len - shared)]
+        else:
+            prompt = [rng.randrange(1, 50) for _ in range(prompt_len)]
+        req = Request(str(i), prompt, max_tokens, eos_token_ids=eos, tenant=tenant)
         pending.append((arrive, req))
 
     for step in range(2000):
@@ -90,6 +123,7 @@ def test_invariants_hold_under_any_sequence(scenario):
             sched.abort_request(accepted[abort_at[step] % len(accepted)].request_id, now=step)
         out = sched.schedule(now=float(step))
         check_step_invariants(sched, out)
+        write_and_check_kv(sched, out, store, host)
         if sched.has_unfinished_requests() and out.is_empty:
             # only legal if everything left is waiting behind a static batch or an unfinished arrival
             assert sched.running == [] or config.scheduling == "static"
@@ -111,5 +145,7 @@ def test_invariants_hold_under_any_sequence(scenario):
     # quiescence: the pools are whole again
     kv = sched.kv_cache_manager
     assert kv.block_pool.num_free_blocks == num_blocks
+    if not config.enable_prefix_caching:
+        assert kv.block_pool.num_cached_blocks == 0
     assert kv.host_pool.num_free_blocks == kv.host_pool.num_blocks
     assert not kv.block_tables and not kv.host_block_tables
