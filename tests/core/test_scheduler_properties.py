@@ -33,6 +33,8 @@ def write_and_check_kv(sched, out, store: dict, host: dict) -> None:
         key = (req.tenant, req.cache_salt)
         for j, token in enumerate(s.token_ids):
             p = s.num_computed_tokens + j
+            assert sched.kv_cache_manager.block_pool.ref_cnt[s.block_ids[p // bs]] == 1, \
+                f"request {s.request_id} writes position {p} into a block other requests share"
             store[s.block_ids[p // bs], p % bs] = (key, p, token)
         expected = req.token_ids(0, s.num_computed_tokens + s.num_scheduled_tokens)
         for p, token in enumerate(expected):
