@@ -27,7 +27,19 @@ from ref_engine.model.loader import LoadedModel
 def run(workload: Workload, config: EngineConfig | None = None, *,
         model: str | Path | LoadedModel | None = None, dtype: str | torch.dtype = "float32") -> RunMetrics:
     """Serve `workload` on a fresh engine (pass a `LoadedModel` to reuse weights across runs)."""
+    return run_rounds([workload], config, model=model, dtype=dtype)[0]
+
+
+def run_rounds(workloads: list[Workload], config: EngineConfig | None = None, *,
+               model: str | Path | LoadedModel | None = None, dtype: str | torch.dtype = "float32"
+               ) -> list[RunMetrics]:
+    """Serve the workloads one after another on one fresh engine, so each round finds the prefix cache the
+    earlier ones left (a warm-up, or the turns of a chat). Each round is measured on its own clock."""
     engine = LLMEngine(model, dtype=dtype, config=config or EngineConfig())
+    return [_serve(engine, workload) for workload in workloads]
+
+
+def _serve(engine: LLMEngine, workload: Workload) -> RunMetrics:
     requests = workload.make_requests(engine.arch.vocab_size, engine.eos_token_ids)
     pending = deque(sorted(requests, key=lambda r: r.arrival_time))
     refused = 0

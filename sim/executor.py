@@ -149,6 +149,11 @@ class SimulatedExecutor:
             for request in finished:
                 self._finished_events.pop(request.request_id).succeed(request)
 
+    def start_round(self) -> None:
+        """Forget what was served so far (requests, steps, refusals) but keep the scheduler and its KV
+        cache: the next `metrics()` covers only what comes after."""
+        self.requests, self.steps, self.num_refused = [], [], 0
+
     def metrics(self) -> RunMetrics:
         """`RunMetrics` of everything this replica served; call once the environment has run out of events."""
         if self.scheduler.has_unfinished_requests():

@@ -109,8 +109,20 @@ class Simulator:
 
     def run(self, workload: Workload) -> RunMetrics:
         """Serve `workload` from an empty engine at time 0 until every request finished or was refused."""
+        return self.run_rounds([workload])[0]
+
+    def run_rounds(self, workloads: list[Workload]) -> list[RunMetrics]:
+        """Serve the workloads one after another on one replica, each starting when the previous one has
+        drained, so later rounds find the prefix cache the earlier ones left (as `bench.run_rounds`)."""
         env = simpy.Environment()
         executor = self.make_executor(env)
-        env.process(executor.feed(workload.make_requests(self.arch.vocab_size)))
-        env.run()
-        return executor.metrics()
+        results = []
+        for workload in workloads:
+            executor.start_round()
+            requests = workload.make_requests(self.arch.vocab_size)
+            for request in requests:  # arrival times count from the start of the round
+                request.arrival_time += env.now
+            env.process(executor.feed(requests))
+            env.run()
+            results.append(executor.metrics())
+        return results

@@ -9,13 +9,18 @@ Lengths are given as an int (fixed), a `(lo, hi)` tuple (uniform, inclusive) or 
 capped), the distributions the curriculum's experiments use. Arrivals are "all" at time 0 or a Poisson
 process of `rate` requests per second.
 
-Lesson: lessons/01-continuous-batching.md (experiment protocol).
+For prefix caching, a request can start with a prefix drawn from a shared *prefix group*: one seeded token
+stream per group, so every request of a group (and of later workloads with the same seed: chat turns)
+begins with the same tokens.
+
+Lesson: lessons/01-continuous-batching.md (experiment protocol); lessons/04-prefix-caching.md (shared
+prefixes, chat rounds, tenants).
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ref_engine.core.request import Request
 
@@ -55,6 +60,9 @@ class WorkloadRequest:
     output_len: int
     prompt_token_ids: tuple[int, ...] | None = None
     tenant: str | None = None
+    cache_salt: str | None = None
+    prefix_group: int | None = None  # the first `prefix_len` prompt tokens come from this group's stream
+    prefix_len: int = 0
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,7 @@ class Workload:
     requests: tuple[WorkloadRequest, ...]
     seed: int = 0
     name: str = "workload"
+    prefix_seed: int | None = None  # seeds the prefix groups' streams (None: `seed`); a warm-up shares it
 
     @classmethod
     def synthetic(cls, num_requests: int, prompt_len: LengthSpec, output_len: LengthSpec,
@@ -91,6 +100,46 @@ class Workload:
             for t, p in zip(times, prompts))
         return cls(reqs, seed, name)
 
+    @classmethod
+    def shared_prefix(cls, num_groups: int, requests_per_group: int, prefix_len: int, suffix_len: LengthSpec,
+                      output_len: LengthSpec, arrival: str | float = "all", seed: int = 0,
+                      prefix_seed: int | None = None, name: str = "shared-prefix") -> Workload:
+        """Groups of requests that share a `prefix_len`-token prefix (a system prompt, few-shot examples)
+        and differ after it; requests of the groups are interleaved, as independent users would send them.
+        Two workloads with the same `prefix_seed` (default: `seed`) share their groups' prefixes, and with
+        different `seed`s differ in everything else (a warm-up and the measured run)."""
+        if num_groups < 1 or requests_per_group < 1 or prefix_len < 0:
+            raise ValueError("num_groups and requests_per_group must be >= 1 and prefix_len >= 0, got "
+                             f"{num_groups}, {requests_per_group}, {prefix_len}")
+        rng = random.Random(seed)
+        n = num_groups * requests_per_group
+        times = _arrival_times(n, arrival, rng)
+        reqs = []
+        for i, t in enumerate(times):
+            prompt_len = prefix_len + _sample_length(suffix_len, rng, "suffix_len")
+            reqs.append(WorkloadRequest(t, prompt_len, _sample_length(output_len, rng, "output_len"),
+                                        prefix_group=i % num_groups, prefix_len=prefix_len))
+        return cls(tuple(reqs), seed, name, prefix_seed)
+
+    @classmethod
+    def chat_rounds(cls, num_conversations: int, num_turns: int, first_prompt_len: int, turn_len: int,
+                    output_len: int, seed: int = 0) -> list[Workload]:
+        """Multi-turn chat replay: round k holds turn k of every conversation. A turn's prompt is the whole
+        history (earlier prompts, replies, the new message), so it extends the previous turn's prompt by
+        `turn_len` tokens; run the rounds one after another on one engine to see the history hit."""
+        rounds = []
+        for k in range(num_turns):
+            length = first_prompt_len + k * turn_len
+            reqs = tuple(WorkloadRequest(0.0, length, output_len, prefix_group=c, prefix_len=length)
+                         for c in range(num_conversations))
+            rounds.append(cls(reqs, seed, f"chat-turn-{k + 1}"))
+        return rounds
+
+    def with_tenant(self, tenant: str | None, cache_salt: str | None = None) -> Workload:
+        """The same requests, all sent by `tenant` with `cache_salt` (the prefix cache isolates both)."""
+        return replace(self, requests=tuple(replace(r, tenant=tenant, cache_salt=cache_salt)
+                                            for r in self.requests), name=f"{self.name}@{tenant}")
+
     def __len__(self) -> int:
         return len(self.requests)
 
@@ -103,13 +152,23 @@ class Workload:
         tokenizers keep their special tokens."""
         rng = random.Random(self.seed + 1)
         low = min(100, vocab_size // 2)
+        streams: dict[int, list[int]] = {}
+        for w in self.requests:
+            if w.prefix_group is not None and w.prefix_len > len(streams.get(w.prefix_group, ())):
+                # a group's stream comes from its own seed, so it is the same in every workload (chat turns)
+                prefix_seed = self.seed if self.prefix_seed is None else self.prefix_seed
+                group_rng = random.Random(f"{prefix_seed}:prefix:{w.prefix_group}")
+                streams[w.prefix_group] = group_rng.choices(range(low, vocab_size), k=w.prefix_len)
         out = []
         for i, w in enumerate(self.requests):
-            ids = list(w.prompt_token_ids) if w.prompt_token_ids is not None else rng.choices(
-                range(low, vocab_size), k=w.prompt_len)
+            if w.prompt_token_ids is not None:
+                ids = list(w.prompt_token_ids)
+            else:
+                prefix = streams.get(w.prefix_group, [])[:w.prefix_len]
+                ids = prefix + rng.choices(range(low, vocab_size), k=w.prompt_len - len(prefix))
             out.append(Request(request_id=str(i), prompt_token_ids=ids, max_tokens=w.output_len,
                                arrival_time=w.arrival_time, eos_token_ids=eos_token_ids, ignore_eos=True,
-                               tenant=w.tenant))
+                               tenant=w.tenant, cache_salt=w.cache_salt))
         return out
 
 

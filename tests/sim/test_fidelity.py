@@ -15,7 +15,10 @@ calibration and measurement. benchmarks/RESULTS.md records the actual errors; 35
 cost model or executor, which is off by far more.
 
 Where arrivals do not depend on timing (all at once), the shared core must also make identical decisions
-on both sides: same steps, same batch shapes, same preemptions.
+on both sides: same steps, same batch shapes, same preemptions, same prefix-cache hits.
+
+A fourth workload checks prefix caching: eight requests sharing a 512-token prefix, after a warm-up
+request put it in the cache; the simulated warm-prefix TTFT must meet the same tolerance.
 """
 
 from __future__ import annotations
@@ -64,3 +67,18 @@ def test_simulator_predicts_the_engine(name, scheduling, sides):
         assert abs(error) <= tolerance, (
             f"{name}/{scheduling}: simulated {key} {simulated[key]:.1f} vs measured {measured[key]:.1f} "
             f"({error:+.1f}%, tolerance {TOLERANCE_PCT}% + repeat spread {measured['repeat_spread_pct']:.1f}%)")
+
+
+@pytest.mark.slow
+def test_simulator_predicts_warm_prefix_ttft(sides):
+    workload = Workload.shared_prefix(1, 8, 512, 50, 8, seed=14)
+    warmup = Workload.shared_prefix(1, 1, 512, 50, 1, seed=15, prefix_seed=14)
+    config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, num_kv_blocks=600)
+    measured, simulated = run_pair(workload, config, sides, warmup=warmup)
+    assert same_policy(measured["metrics"], simulated["metrics"])
+    assert measured["prefix_cache_hits"] == simulated["prefix_cache_hits"] == 8 * 512
+    tolerance = TOLERANCE_PCT + measured["repeat_spread_pct"]
+    error = simulated["mean_ttft_ms_err_pct"]
+    print(f"warm prefix TTFT: simulated {simulated['mean_ttft_ms']:.1f}, measured {measured['mean_ttft_ms']:.1f} "
+          f"({error:+.1f}%, tolerance {tolerance:.1f}%)")
+    assert abs(error) <= tolerance
