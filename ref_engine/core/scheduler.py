@@ -162,12 +162,16 @@ class Scheduler:
     def update_from_output(self, output: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
         """Advance every scheduled request by its tokens, append sampled tokens, retire finished ones."""
         finished = []
+        kv = self.kv_cache_manager
+        block_size = self.config.block_size
         for scheduled in output.scheduled:
             request = self.requests.get(scheduled.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # finished or aborted while the step ran
-            request.num_computed_tokens += scheduled.num_scheduled_tokens
-            self.kv_cache_manager.cache_full_blocks(request)
+            n = len(scheduled.token_ids)
+            request.num_computed_tokens += n
+            if kv.enable_caching and request.num_computed_tokens % block_size < n:  # a block was completed
+                kv.cache_full_blocks(request)
             if scheduled.needs_logits:
                 for token_id in result.sampled_token_ids[scheduled.request_id]:
                     request.append_output_token(token_id, now)
@@ -222,7 +226,7 @@ class Scheduler:
                 request_id=request.request_id,
                 token_ids=request.token_ids(start, start + n),
                 num_computed_tokens=start,
-                block_ids=list(kv.get_block_ids(request.request_id)),
+                block_ids=kv.get_block_ids(request.request_id),  # the live table: read it before the next step
                 needs_logits=start + n == request.num_tokens,
             ))
         live = sum(r.num_computed_tokens for r in self.running) + sum(n for _, n in planned)
