@@ -124,7 +124,26 @@ LESSONS: tuple[PlannedLesson, ...] = (
     ),
     PlannedLesson("03-chunked-prefill-and-disaggregation",
                   "The scheduler: chunked prefill and prefill/decode disaggregation", minutes=120),
-    PlannedLesson("04-prefix-caching", "Prefix caching", minutes=90),
+    # Lesson 4 sections: repeated-prefixes (system prompts, few-shot, chat history), hash-chain (block hashes,
+    # extra keys, token comparison, evictable blocks), last-token-rule (at most n - 1 tokens, copy-on-write vs
+    # vLLM V1's recompute), ttft-and-throughput (CURRICULUM row 4's paper numbers), hit-rate (whole blocks),
+    # eviction (LRU via the free queue, the cliff), tenant-isolation (timing side channel, cache_salt),
+    # radix-tree (SGLang vs hash chain), miss-explanations, what-the-simulator-models.
+    PlannedLesson(
+        "04-prefix-caching", "Prefix caching", minutes=90,
+        anchors=("you-will-learn", "repeated-prefixes", "hash-chain", "last-token-rule", "ttft-and-throughput",
+                 "hit-rate", "eviction", "tenant-isolation", "radix-tree", "miss-explanations",
+                 "what-the-simulator-models", "exercises", "questions", "summary"),
+        notebook_anchors=("hash-chain", "shared-prefix-ttft", "hit-rate", "eviction", "tenant-isolation",
+                          "chat-replay", "miss-explanations", "exercises"),
+        terms=("prefix-caching", "prefill", "kv-cache", "prefix-cache-hit-rate", "block", "block-hash",
+               "cache-salt", "evictable-block", "copy-on-write", "ttft", "throughput", "lru-eviction",
+               "timing-side-channel", "tenant-isolation", "radix-tree", "hash-chain"),
+        exercises=(
+            PlannedExercise("E04.1", "implement", "The hash chain and the lookup"),
+            PlannedExercise("E04.2", "estimate", "Hit rate and prefill saved for a shared prefix"),
+        ),
+    ),
     PlannedLesson("05-speculative-decoding", "Speculative decoding", minutes=90),
     PlannedLesson("06-architecture-map", "The architecture map", minutes=60),
     PlannedLesson("07-tuning-knobs", "Tuning knobs: sweeping the throughput/latency curve", minutes=90),

@@ -1,0 +1,78 @@
+"""Exercises of lesson 4, "Prefix caching": E04.1 and E04.2.
+
+Write the bodies below, then check them from the repository root:
+
+    pytest tests/exercises/test_e04_prefix_caching.py --impl=learner          # both exercises
+    pytest tests/exercises/test_e04_prefix_caching.py --impl=learner -k e04_1 # one
+
+The tests check E04.1 against the engine's own hash chain (`extend_block_hashes`) and lookup
+(`KVCacheManager.get_computed_blocks`), on random prompts that share random prefixes, and E04.2 against
+the prefix-cache hits the simulator counts when it serves a shared-prefix workload after a warm-up.
+Reference solutions: lessons/exercises/solutions/e04_prefix_caching.py.
+
+Lesson: lessons/04-prefix-caching.md#exercises
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ref_engine.core.block_hash import hash_block_tokens  # one link of the chain: use it, don't rewrite it
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int, extra_keys: bytes = b"") -> list[bytes]:
+    """E04.1 (implement), part a: the hash chain of the full blocks of `token_ids`.
+
+    Block i holds tokens [i * block_size, (i + 1) * block_size). Its hash is
+    `hash_block_tokens(parent, tokens of block i, extra_keys)`, where `parent` is the hash of block i - 1
+    (None for block 0). A trailing partial block has no hash: it can still change. Example with
+    block_size 4: 10 tokens give 2 hashes; 3 tokens give none.
+
+    Interview questions: Q-PREFIX-02 (lessons/interview-bank.md#q-prefix-02).
+    """
+    raise NotImplementedError("E04.1: the hash chain of the full blocks")
+
+
+def num_cached_tokens(token_ids: Sequence[int], cache: dict[bytes, tuple[int, ...]], block_size: int,
+                      extra_keys: bytes = b"") -> int:
+    """E04.1 (implement), part b: how many leading tokens of this prompt the prefix cache serves.
+
+    `cache` maps the hash of every cached block to the tokens stored in that block. Walk the prompt's
+    chain from block 0 and stop at the first block that is not in the cache, or whose stored tokens
+    differ from the prompt's (a hash collision must be a miss, never wrong K/V). Then apply the
+    last-token rule: the engine needs the logits of the prompt's last token, so it always computes at
+    least that one token; the answer is at most len(token_ids) - 1.
+
+    Examples with block_size 4, after the 8-token prompt [1..8] was computed and cached:
+    [1..8, 9, 10] -> 8; [1, 2, 3, 4, 0, 0, 0, 0, 9] -> 4; [1..8] itself -> 7; [1, 2, 3] -> 0.
+
+    Interview questions: Q-PREFIX-02, Q-PREFIX-03 (lessons/interview-bank.md#q-prefix-03).
+    """
+    raise NotImplementedError("E04.1: the longest cached prefix, with the last-token rule")
+
+
+def cached_tokens_per_request(prefix_len: int, suffix_len: int, block_size: int) -> int:
+    """E04.2 (estimate), part a: prompt tokens the cache serves to one request of a warm shared-prefix
+    workload.
+
+    Every prompt is the same `prefix_len`-token prefix (a system prompt) followed by its own
+    `suffix_len` tokens (the user's question), and an earlier request with the same prefix has already
+    been served. Work it out by hand first for a 100-token system prompt, 20-token questions and
+    16-token blocks. Mind the last token when `suffix_len` is 0.
+    """
+    raise NotImplementedError("E04.2: cached tokens per request")
+
+
+def prefix_cache_hit_rate(prefix_len: int, suffix_len: int, block_size: int) -> float:
+    """E04.2 (estimate), part b: the prefix-cache hit rate of that workload, as vLLM counts it: cached
+    prompt tokens / prompt tokens looked up (`prefix_cache_hits / prefix_cache_queries`).
+
+    Interview questions: Q-PREFIX-01, Q-PREFIX-03 (lessons/interview-bank.md#q-prefix-03).
+    """
+    raise NotImplementedError("E04.2: the hit rate")
+
+
+def prefill_tokens_saved(num_requests: int, prefix_len: int, suffix_len: int, block_size: int) -> int:
+    """E04.2 (estimate), part c: prompt tokens `num_requests` such requests do not prefill, compared with
+    the same requests served with prefix caching off."""
+    raise NotImplementedError("E04.2: prefill tokens saved")
