@@ -527,7 +527,8 @@ def _paired_rows(jobs: list[_Job], sides: Sides, simulate: Any = None) -> list[d
     for i, job in enumerate(jobs):
         simulated, extra = simulate(job) if simulate else (job.run_simulated(sides), {})
         if i in measured:
-            rows.append(_row(measured[i], "measured", job.labels))
+            rows.append({**_row(measured[i], "measured", job.labels),
+                         "slowdown": machine_slowdown(measured[i], sides)})
         rows.append({**_row(simulated, "simulated", job.labels, reference=measured.get(i)), **extra})
     return rows
 
@@ -821,8 +822,8 @@ def shared_prefix_ttft(prefix_lens: Iterable[int], sides: Sides, *, num_groups: 
 def hit_rate_sweep(prefix_lens: Iterable[int], block_sizes: Iterable[int], *, requests_per_group: int = 8,
                    suffix_len: int = 50, seed: int = 0) -> list[dict[str, Any]]:
     """Simulated hit rate after a warm-up, for each shared-prefix length and block size, next to the
-    formula: only whole blocks hit, so hits = floor(prefix_len / block_size) * block_size per request. A
-    prefix shorter than one block never hits. (The core decides hits: no engine run is needed to know them.)"""
+    formula: only whole blocks hit, so hits = min(floor(prefix_len / block_size) * block_size, prompt_len - 1)
+    per request. A prefix shorter than one block never hits. (The core decides hits: no engine run is needed to know them.)"""
     rows = []
     for block_size in block_sizes:
         for prefix_len in prefix_lens:
@@ -830,7 +831,8 @@ def hit_rate_sweep(prefix_lens: Iterable[int], block_sizes: Iterable[int], *, re
             workload = Workload.shared_prefix(1, requests_per_group, prefix_len, suffix_len, 4, seed=seed)
             config = _prefix_config(block_size, True, num_kv_blocks=4096 // block_size + 64)
             metrics = Sides(measure=False).simulator(config).run_rounds([warmup, workload])[-1]
-            predicted = (prefix_len // block_size) * block_size / (prefix_len + suffix_len)
+            prompt_len = prefix_len + suffix_len  # the last token is always computed (its block copied)
+            predicted = min((prefix_len // block_size) * block_size, prompt_len - 1) / prompt_len
             rows.append({"block_size": block_size, "prefix_len": prefix_len,
                          "hit_rate": metrics.prefix_cache_hit_rate, "predicted_hit_rate": predicted})
     return rows

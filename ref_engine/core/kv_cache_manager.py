@@ -54,10 +54,9 @@ class PrefixCacheExplanation:
         where = f" at token {self.position}" if self.position is not None else ""
         why = {
             "caching_disabled": "prefix caching is off",
-            "shorter_than_block": "no full block precedes the last token (a prompt needs more than "
-                                  "block_size tokens to hit at all)",
-            "all_full_blocks_hit": "every full block before the last token hit; the rest (a partial block "
-                                   "and the last token, whose logits are needed) is always computed",
+            "shorter_than_block": "the prompt does not fill one block (only whole blocks are cached)",
+            "all_full_blocks_hit": "every full block hit; the rest (a partial block, or just the last "
+                                   "token, whose logits are needed) is computed",
             "evicted": f"the next block{where} was cached but has been evicted",
             "other_isolation_key": f"the next block{where} is cached, but for another tenant or cache_salt",
             "different_tokens": f"a cached block continues this prefix, but its tokens differ{where}",
@@ -139,6 +138,12 @@ class KVCacheManager:
         """
         if not self.enable_caching or request.num_computed_tokens:
             return NO_PREFIX
+        prefix = self._lookup(request)
+        if self.explain_misses:
+            self.explanations[request.request_id] = self._explain(request, prefix)
+        return prefix
+
+    def _lookup(self, request: Request) -> CachedPrefix:
         hashes = self.block_hashes(request)
         blocks = []
         for i, block_hash in enumerate(hashes):
@@ -146,9 +151,6 @@ class KVCacheManager:
             if b is None:
                 break
             blocks.append(b)
-        limit = (request.num_tokens - 1) // self.block_size
-        if self.explain_misses:
-            self.explanations[request.request_id] = self._explain(request, min(len(blocks), limit), limit)
         return CachedPrefix(blocks, min(len(blocks) * self.block_size, request.num_tokens - 1))
 
     def cache_full_blocks(self, request: Request) -> None:
@@ -170,25 +172,20 @@ class KVCacheManager:
         """What a lookup for this request would find now, and why it would stop there (no side effects)."""
         if not self.enable_caching:
             return PrefixCacheExplanation(request.num_tokens, 0, "caching_disabled")
-        hashes = self.block_hashes(request)
-        limit = min(len(hashes), (request.num_tokens - 1) // self.block_size)
-        hits = 0
-        while hits < limit and self.block_pool.get_cached_block(hashes[hits], self._block_tokens(request, hits)) \
-                is not None:
-            hits += 1
-        return self._explain(request, hits, limit)
+        return self._explain(request, self._lookup(request))
 
-    def _explain(self, request: Request, hits: int, limit: int) -> PrefixCacheExplanation:
+    def _explain(self, request: Request, prefix: CachedPrefix) -> PrefixCacheExplanation:
         bs = self.block_size
         n = request.num_tokens
+        hashes = self.block_hashes(request)
+        hits = len(prefix.blocks)
         own_key = isolation_key(self.cache_namespace, request.tenant, request.cache_salt)
         self._isolation_keys.add(own_key)
-        if limit == 0:
+        if not hashes:
             return PrefixCacheExplanation(n, 0, "shorter_than_block")
-        if hits == limit:
-            return PrefixCacheExplanation(n, hits * bs, "all_full_blocks_hit")
+        if hits == len(hashes):
+            return PrefixCacheExplanation(n, prefix.num_tokens, "all_full_blocks_hit")
         pool = self.block_pool
-        hashes = self.block_hashes(request)
         if hashes[hits] in pool.evicted:
             return PrefixCacheExplanation(n, hits * bs, "evicted", hits * bs)
         for key in self._isolation_keys - {own_key}:

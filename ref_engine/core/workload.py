@@ -105,7 +105,8 @@ class Workload:
                       output_len: LengthSpec, arrival: str | float = "all", seed: int = 0,
                       prefix_seed: int | None = None, name: str = "shared-prefix") -> Workload:
         """Groups of requests that share a `prefix_len`-token prefix (a system prompt, few-shot examples)
-        and differ after it; requests of the groups are interleaved, as independent users would send them.
+        and differ after it (`suffix_len=0`: the whole prompt is shared); requests of the groups are
+        interleaved, as independent users would send them.
         Two workloads with the same `prefix_seed` (default: `seed`) share their groups' prefixes, and with
         different `seed`s differ in everything else (a warm-up and the measured run)."""
         if num_groups < 1 or requests_per_group < 1 or prefix_len < 0:
@@ -116,7 +117,10 @@ class Workload:
         times = _arrival_times(n, arrival, rng)
         reqs = []
         for i, t in enumerate(times):
-            prompt_len = prefix_len + _sample_length(suffix_len, rng, "suffix_len")
+            suffix = 0 if suffix_len == 0 else _sample_length(suffix_len, rng, "suffix_len")
+            prompt_len = prefix_len + suffix
+            if prompt_len < 1:
+                raise ValueError("a request needs at least one token: prefix_len + suffix_len is 0")
             reqs.append(WorkloadRequest(t, prompt_len, _sample_length(output_len, rng, "output_len"),
                                         prefix_group=i % num_groups, prefix_len=prefix_len))
         return cls(tuple(reqs), seed, name, prefix_seed)

@@ -66,6 +66,7 @@ def test_outputs_with_caching_equal_outputs_without(case, params, loaded, base):
     for c, w in zip(cold, warm):
         assert w.outputs[0].token_ids == c.outputs[0].token_ids
     assert [w.num_cached_tokens for w in warm] == [0, EXPECTED_HITS[case]]
+    assert [w.prefix_cache.num_cached_tokens for w in warm] == [0, EXPECTED_HITS[case]]  # says the same
     assert all(c.num_cached_tokens == 0 for c in cold)
 
 

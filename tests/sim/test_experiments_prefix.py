@@ -55,6 +55,10 @@ def test_hit_rate_is_whole_blocks_of_the_prefix():
         assert row["hit_rate"] == pytest.approx(row["predicted_hit_rate"])
     short = [r for r in rows if r["prefix_len"] < r["block_size"]]
     assert short and all(r["hit_rate"] == 0 for r in short)
+    # a whole prompt shared: everything but the last token hits, whether or not it fills its last block
+    whole = hit_rate_sweep([32, 40], [16], suffix_len=0)
+    assert [r["hit_rate"] for r in whole] == [pytest.approx(31 / 32), pytest.approx(32 / 40)]
+    assert all(r["hit_rate"] == pytest.approx(r["predicted_hit_rate"]) for r in whole)
 
 
 def test_caching_cuts_ttft_and_changes_nothing_without_a_shared_prefix():
