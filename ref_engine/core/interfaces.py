@@ -23,6 +23,7 @@ class ScheduledRequest:
     num_computed_tokens: int  # tokens whose K/V is already cached (the position of token_ids[0])
     block_ids: list[int]  # the request's whole block table after this step's allocation
     needs_logits: bool  # this chunk reaches the last known token, so the step samples a new one
+    num_draft_tokens: int = 0  # the last this many of token_ids are draft tokens to verify (lesson 5)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -30,8 +31,8 @@ class ScheduledRequest:
 
     @property
     def is_prefill(self) -> bool:
-        """A chunk of more than one token (a decode step schedules exactly one)."""
-        return len(self.token_ids) > 1
+        """A chunk of more than one known token (a decode step schedules one, plus any draft tokens)."""
+        return len(self.token_ids) - self.num_draft_tokens > 1
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class SchedulerOutput:
 
 @dataclass(frozen=True)
 class StepResult:
-    """New tokens per request that needed logits (a list, so a speculative step can return several)."""
+    """New tokens per request that needed logits: one, or for a speculative step the accepted draft tokens
+    followed by one token of the target's own (so 1 .. num_draft_tokens + 1)."""
 
     sampled_token_ids: dict[str, list[int]]

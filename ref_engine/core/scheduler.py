@@ -13,13 +13,20 @@ decode token differ only in N.
 3. if nothing was preempted, waiting requests are admitted in arrival order while budget, `max_num_seqs`
    and free blocks last. A request joins the batch the step after another leaves: no bubbles.
 
+Speculative decoding (lesson 5) is the same rule with a longer N: a decoding request that carries
+`spec_token_ids` gets its next token plus those drafts (1 + k tokens, counted in the budget and in
+`allocate_slots`), and `update_from_output` moves `num_computed_tokens` back over the drafts the verifier
+rejected. Their slots stay allocated and are overwritten by later tokens. `requests_to_speculate` says who
+may get drafts (and how many), so the engine's proposers and the simulator's follow one rule.
+
 `StaticScheduler` is the baseline lesson 1 contrasts: it forms a batch, reserves each member's whole
 prompt + max_tokens up front, and admits nobody until every member has finished.
 
 Both are plain Python with no clock and no tensors: callers pass `now`, so the real engine (wall clock)
 and the simulator (SimPy clock) drive the very same objects.
 
-Lesson: lessons/01-continuous-batching.md; preemption in lessons/02-paged-attention.md.
+Lesson: lessons/01-continuous-batching.md; preemption in lessons/02-paged-attention.md; speculation in
+lessons/05-speculative-decoding.md.
 """
 
 from __future__ import annotations
@@ -118,7 +125,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            remaining = request.num_tokens - request.num_computed_tokens
+            num_drafts = len(request.spec_token_ids) if remaining == 1 else 0  # drafts follow a decode token
+            n = min(remaining + num_drafts, budget)
             while self.kv_cache_manager.allocate_slots(request, n) is None:
                 victim = self.running.pop()  # the most recently admitted request
                 swap_out += self._preempt(victim)
@@ -158,8 +167,12 @@ class Scheduler:
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # finished or aborted while the step ran
             request.num_computed_tokens += scheduled.num_scheduled_tokens
+            request.spec_token_ids = []  # this step used them; the proposer drafts afresh for the next
             if scheduled.needs_logits:
-                for token_id in result.sampled_token_ids[scheduled.request_id]:
+                token_ids = result.sampled_token_ids[scheduled.request_id]
+                # Roll back over the rejected drafts: only the accepted ones' K/V follows the right tokens.
+                request.num_computed_tokens -= scheduled.num_draft_tokens + 1 - len(token_ids)
+                for token_id in token_ids:
                     request.append_output_token(token_id, now)
                     if request.status.is_finished:
                         break
@@ -169,6 +182,25 @@ class Scheduler:
                 finished.append(request)
         self.num_steps += 1
         return finished
+
+    def requests_to_speculate(self) -> list[tuple[Request, int]]:
+        """Running requests that may carry draft tokens into the next step, each with its most drafts.
+
+        A request qualifies once it decodes (one known token left to compute). It may take up to
+        `num_speculative_tokens` drafts, fewer near `max_tokens` (all accepted plus the target's own token
+        must still fit). Nobody qualifies while more than `speculative_disable_by_batch_size` requests run:
+        a batch that big already keeps the device busy, and verifying drafts would cost more than it saves.
+        """
+        cfg = self.config
+        limit = cfg.speculative_disable_by_batch_size
+        if cfg.speculative_method is None or (limit is not None and len(self.running) > limit):
+            return []
+        candidates = []
+        for request in self.running:
+            most = min(cfg.num_speculative_tokens, request.max_tokens - request.num_output_tokens - 1)
+            if request.num_tokens - request.num_computed_tokens == 1 and most > 0:
+                candidates.append((request, most))
+        return candidates
 
     # ---- helpers ----
 
@@ -191,6 +223,7 @@ class Scheduler:
         self.kv_cache_manager.free(request.request_id)
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
+        request.spec_token_ids = []
         return []
 
     def _release(self, request: Request, now: float) -> None:
@@ -204,12 +237,14 @@ class Scheduler:
         scheduled = []
         for request, n in planned:
             start = request.num_computed_tokens
+            num_drafts = max(0, start + n - request.num_tokens)  # what reaches past the known tokens
             scheduled.append(ScheduledRequest(
                 request_id=request.request_id,
-                token_ids=request.token_ids(start, start + n),
+                token_ids=request.token_ids(start, start + n - num_drafts) + request.spec_token_ids[:num_drafts],
                 num_computed_tokens=start,
                 block_ids=list(kv.get_block_ids(request.request_id)),
-                needs_logits=start + n == request.num_tokens,
+                needs_logits=start + n >= request.num_tokens,
+                num_draft_tokens=num_drafts,
             ))
         live = sum(r.num_computed_tokens for r in self.running) + sum(n for _, n in planned)
         return SchedulerOutput(
