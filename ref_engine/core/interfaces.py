@@ -48,6 +48,8 @@ class SchedulerOutput:
     kv_usage: float = 0.0  # fraction of device blocks in use
     num_live_tokens: int = 0  # tokens whose K/V sits (or is written this step) in device blocks
     num_reserved_slots: int = 0  # token slots of all device blocks in use
+    # drafts each running request brought to this step, before any budget cut or preemption (lesson 5)
+    num_proposed_tokens: dict[str, int] = field(default_factory=dict)
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -9,7 +9,7 @@ so numbers from a real vLLM run can sit in the same table. Definitions, per requ
 Throughputs divide by the run's duration: first arrival to last finish.
 
 `StepRecord` is one executed step (its batch shape and duration): what calibration fits and what timeline
-plots draw. Its `verified` entries, (request id, draft tokens, accepted drafts) for each request that
+plots draw. Its `proposed` entries record the drafts each request brought to the step, and its `verified` entries, (request id, draft tokens, accepted drafts) for each request that
 verified drafts, give the speculative-decoding counts (lesson 5): tokens drafted and accepted, the mean
 acceptance length (tokens a verify step emits: accepted + 1) and the acceptance rate by draft position.
 
@@ -38,6 +38,7 @@ class StepRecord:
     num_reserved_slots: int
     num_preempted: int
     verified: tuple[tuple[str, int, int], ...] = ()  # (request id, draft tokens, accepted drafts) per verify
+    proposed: tuple[tuple[str, int], ...] = ()  # (request id, drafts brought to the step), for replays
 
     @classmethod
     def from_output(cls, output: SchedulerOutput, start: float, duration: float,
@@ -49,7 +50,7 @@ class StepRecord:
         return cls(step_id=output.step_id, start=start, duration=duration, query_lens=query_lens,
                    context_lens=context_lens, kv_usage=output.kv_usage, num_live_tokens=output.num_live_tokens,
                    num_reserved_slots=output.num_reserved_slots, num_preempted=len(output.preempted_request_ids),
-                   verified=verified)
+                   verified=verified, proposed=tuple(output.num_proposed_tokens.items()))
 
     @property
     def num_tokens(self) -> int:

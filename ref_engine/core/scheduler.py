@@ -117,6 +117,7 @@ class Scheduler:
     def schedule(self, now: float) -> SchedulerOutput:
         """Spend this step's token budget; see the module docstring for the order."""
         budget = self.config.max_num_batched_tokens
+        proposed = {r.request_id: len(r.spec_token_ids) for r in self.running if r.spec_token_ids}
         planned: list[tuple[Request, int]] = []
         preempted: list[str] = []
         swap_out: list[tuple[int, int]] = []
@@ -157,7 +158,7 @@ class Scheduler:
             planned.append((request, n))
             budget -= n
 
-        return self._make_output(planned, preempted, swap_out, swap_in)
+        return self._make_output(planned, preempted, swap_out, swap_in, proposed)
 
     def update_from_output(self, output: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
         """Advance every scheduled request by its tokens, append sampled tokens, retire finished ones."""
@@ -232,7 +233,8 @@ class Scheduler:
         request.finish_time = now
 
     def _make_output(self, planned: list[tuple[Request, int]], preempted: list[str],
-                     swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> SchedulerOutput:
+                     swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]],
+                     proposed: dict[str, int] | None = None) -> SchedulerOutput:
         kv = self.kv_cache_manager
         scheduled = []
         for request, n in planned:
@@ -250,7 +252,7 @@ class Scheduler:
         return SchedulerOutput(
             step_id=self.num_steps, scheduled=scheduled, preempted_request_ids=preempted,
             swap_out=swap_out, swap_in=swap_in, kv_usage=kv.usage, num_live_tokens=live,
-            num_reserved_slots=kv.num_reserved_slots)
+            num_reserved_slots=kv.num_reserved_slots, num_proposed_tokens=proposed or {})
 
 
 class StaticScheduler(Scheduler):
