@@ -6,7 +6,7 @@ says how many drafts a request carries into a step and how many of them the veri
   (one rate for all positions, or one per position, set by hand or measured from the engine's
   `RunMetrics.acceptance_by_position`); acceptance stops at the first rejection, as in the engine. With
   one rate a, a verify of k drafts emits (1 - a^(k+1)) / (1 - a) tokens on average (Leviathan et al.,
-  ICML'23, Eq. 1), which tests/sim/test_spec_decode.py checks;
+  ICML'23, Eq. 1), which tests/sim/test_simulated_speculation.py checks;
 - `AcceptanceReplay`: the engine's own per-step counts (`StepRecord.verified`), so the shared scheduler
   makes exactly the engine's decisions and only step times can differ.
 
