@@ -9,7 +9,13 @@ simulator.
 `LLM` is the offline API in vLLM's shape: `LLM(model=None, dtype=..., **engine_knobs).generate(prompts,
 SamplingParams(...))`. Every `EngineConfig` knob is a keyword (`max_num_seqs=8`, `scheduling="static"`, ...).
 
-Lesson: lessons/06-architecture-map.md (the engine loop); lessons/01-continuous-batching.md.
+With speculative decoding on (`speculative_method="ngram"` or `"draft_model"`), the loop gains a fifth
+move, **propose**: after the update, the proposer drafts tokens for the requests the scheduler allows
+(`Scheduler.requests_to_speculate`), the next step runs them, and the `RejectionSampler` verifies them in
+place of the sampler (ref_engine/spec_decode.py). A step's time includes its proposing.
+
+Lesson: lessons/06-architecture-map.md (the engine loop); lessons/01-continuous-batching.md;
+lessons/05-speculative-decoding.md (propose and verify).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from tqdm import tqdm
 
 from ref_engine.attention import kv_cache_bytes_per_block
 from ref_engine.core.config import CPU_KV_CACHE_MEMORY, EngineConfig
-from ref_engine.core.interfaces import StepResult
+from ref_engine.core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
 from ref_engine.core.kv_cache_manager import PrefixCacheExplanation
 from ref_engine.core.metrics import StepRecord
 from ref_engine.core.request import Request, RequestStatus
@@ -34,6 +40,7 @@ from ref_engine.outputs import CompletionOutput, RequestOutput
 from ref_engine.runner import ModelRunner
 from ref_engine.sampler import Sampler, SamplingMetadata, make_generator
 from ref_engine.sampling_params import SamplingParams
+from ref_engine.spec_decode import Draft, RejectionSampler, make_proposer
 
 GPU_KV_CACHE_FRACTION = 0.5  # of free device memory after loading the weights
 
@@ -49,6 +56,7 @@ class _RequestState:
     logprobs: list[dict[int, float]] | None
     stop_reason: int | str | None = None
     stop_text_end: int | None = None  # where a stop string cut the text
+    draft_probs: torch.Tensor | None = None  # q of the draft tokens the request carries (None: point masses)
 
 
 class LLMEngine:
@@ -80,6 +88,9 @@ class LLMEngine:
             num_swap_blocks=self.scheduler.kv_cache_manager.host_pool.num_blocks,
             block_size=self.config.block_size, dtype=self.dtype, device=self.device)
         self.sampler = Sampler(self.config.seed, self.device)
+        self.rejection_sampler = RejectionSampler(self.sampler)
+        self.proposer = make_proposer(self.config, loaded, self.sampler, num_kv_blocks=self.num_kv_blocks,
+                                      dtype=self.dtype, device=self.device)
         self._states: dict[str, _RequestState] = {}
         self.step_records: list[StepRecord] = []
         self._t0 = time.perf_counter()
@@ -143,6 +154,8 @@ class LLMEngine:
         if self.scheduler.abort_request(request_id, self.now()) is not None:
             self._states.pop(request_id, None)
             self.scheduler.kv_cache_manager.explanations.pop(request_id, None)
+            if self.proposer is not None:
+                self.proposer.free(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -155,23 +168,57 @@ class LLMEngine:
         output = self.scheduler.schedule(start)
         if output.is_empty:
             return []
-        sampled: dict[str, list[int]] = {}
         model_output = self.runner.execute_model(output)
-        if model_output.request_ids:
-            requests = [self.scheduler.requests[r] for r in model_output.request_ids]
-            meta = SamplingMetadata.build(
-                [r.sampling_params for r in requests],
-                [self._states[r.request_id].generator for r in requests],
-                [r.num_output_tokens for r in requests], set(self.eos_token_ids), self.device)
-            sample = self.sampler(model_output.logits, meta)
-            for row, (request, token_id) in enumerate(zip(requests, sample.sampled_token_ids.tolist())):
-                sampled[request.request_id] = [token_id]
-                self._record_logprobs(request, row, token_id, sample)
+        sampled = self._sample(output, model_output.request_ids, model_output.logits) if model_output.request_ids else {}
         end = self.now()
-        finished = self.scheduler.update_from_output(output, StepResult(sampled), end)
+        result = StepResult(sampled)
+        finished = self.scheduler.update_from_output(output, result, end)
         finished += self._check_stop_strings(sampled, finished, end)
-        self.step_records.append(StepRecord.from_output(output, start, self.now() - start))
+        if self.proposer is not None:
+            self._propose()
+        self.step_records.append(StepRecord.from_output(output, start, self.now() - start, result))
         return [self._finish(r) for r in finished]
+
+    def _sample(self, output: SchedulerOutput, request_ids: list[str], logits: torch.Tensor) -> dict[str, list[int]]:
+        """New tokens per request: the sampler's one, or the verified drafts plus one when it had drafts."""
+        scheduled = {s.request_id: s for s in output.scheduled}
+        requests = [self.scheduler.requests[r] for r in request_ids]
+        rows = [(r, j) for r in requests for j in range(scheduled[r.request_id].num_draft_tokens + 1)]
+        meta = SamplingMetadata.build(
+            [r.sampling_params for r, _ in rows], [self._states[r.request_id].generator for r, _ in rows],
+            [r.num_output_tokens + j for r, j in rows], set(self.eos_token_ids), self.device)
+        if len(rows) == len(requests):
+            sample = self.sampler(logits, meta)
+            emitted = [[token_id] for token_id in sample.sampled_token_ids.tolist()]
+        else:
+            emitted, sample = self.rejection_sampler(logits, meta, [self._draft(scheduled[r.request_id])
+                                                                    for r in requests])
+        sampled = {}
+        row = 0
+        for request, token_ids in zip(requests, emitted):
+            sampled[request.request_id] = token_ids
+            for j, token_id in enumerate(token_ids):
+                self._record_logprobs(request, row + j, token_id, sample)
+            row += scheduled[request.request_id].num_draft_tokens + 1
+        return sampled
+
+    def _draft(self, scheduled: ScheduledRequest) -> Draft:
+        """The draft a scheduled request verifies (the budget may have cut it short)."""
+        n = scheduled.num_draft_tokens
+        probs = self._states[scheduled.request_id].draft_probs
+        return Draft(scheduled.token_ids[len(scheduled.token_ids) - n:], None if probs is None else probs[:n])
+
+    def _propose(self) -> None:
+        """Draft tokens for the next step, for the requests the scheduler lets speculate."""
+        candidates = self.scheduler.requests_to_speculate()
+        if not candidates:
+            return
+        requests = [r for r, _ in candidates]
+        drafts = self.proposer.propose(requests, [k for _, k in candidates],
+                                       [self._states[r.request_id].generator for r in requests])
+        for request, draft in zip(requests, drafts):
+            request.spec_token_ids = draft.token_ids
+            self._states[request.request_id].draft_probs = draft.probs
 
     # ---- helpers ----
 
@@ -256,6 +303,10 @@ class LLMEngine:
 
     def _finish(self, request: Request) -> RequestOutput:
         state = self._states.pop(request.request_id)
+        if self.proposer is not None:
+            self.proposer.free(request.request_id)
+        if state.logprobs is not None:  # a verify step may have scored tokens past the one that stopped it
+            del state.logprobs[request.num_output_tokens:]
         text = self.tokenizer.decode(request.output_token_ids)
         stop_reason = state.stop_reason
         if state.stop_text_end is not None:

@@ -8,10 +8,10 @@ host pool that swapped-out blocks go to. Each step it
    (query start offsets, context lengths, slot mapping, block tables) that tells attention which slots
    to write and which blocks to read;
 3. runs the model once over all those tokens, then the LM head only on each request's last token where
-   the scheduler asked for a sample.
+   the scheduler asked for a sample, or on its last 1 + k tokens when it verifies k draft tokens.
 It decides nothing: what to run comes from the scheduler, what to emit from the sampler.
 
-Lesson: lessons/02-paged-attention.md (block table and slot mapping).
+Lesson: lessons/02-paged-attention.md (block table and slot mapping); lessons/05-speculative-decoding.md.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from ref_engine.model.arch_config import ArchConfig
 
 @dataclass
 class ModelOutput:
-    request_ids: list[str]  # the rows of `logits`, in order
-    logits: torch.Tensor  # [len(request_ids), vocab] float32
+    request_ids: list[str]  # whose rows `logits` holds, in order
+    logits: torch.Tensor  # [rows, vocab] float32: 1 + num_draft_tokens rows per request, in order
 
 
 class ModelRunner:
@@ -48,9 +48,12 @@ class ModelRunner:
 
         input_ids: list[int] = []
         positions: list[int] = []
+        logits_indices: list[int] = []  # the flat rows whose logits are sampled or verified
         for s in output.scheduled:
             input_ids += s.token_ids
             positions += range(s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens)
+            if s.needs_logits:
+                logits_indices += range(len(input_ids) - 1 - s.num_draft_tokens, len(input_ids))
         query_lens = [s.num_scheduled_tokens for s in output.scheduled]
         meta = AttentionMetadata.build(
             query_lens=query_lens,
@@ -65,12 +68,9 @@ class ModelRunner:
             self.kv_caches,
             meta,
         )
-        # The last token of each chunk that completes the known sequence is the one whose logits we need.
-        ends = meta.query_start_loc[1:] - 1
-        wanted = [i for i, s in enumerate(output.scheduled) if s.needs_logits]
-        rows = ends[torch.tensor(wanted, dtype=torch.long, device=self.device)]
+        rows = torch.tensor(logits_indices, dtype=torch.long, device=self.device)
         logits = self.model.compute_logits(hidden[rows])
-        return ModelOutput([output.scheduled[i].request_id for i in wanted], logits)
+        return ModelOutput([s.request_id for s in output.scheduled if s.needs_logits], logits)
 
     @staticmethod
     def _copy_blocks(plan: list[tuple[int, int]], *, src: list[torch.Tensor], dst: list[torch.Tensor]) -> None:

@@ -247,14 +247,7 @@ class Sampler:
             probs = process_logits(logits, meta.temperature, meta.top_k, meta.top_p, meta.min_p).softmax(-1)
             noise = self._exponential_noise(probs, meta.generators)
             sampled = torch.where(meta.greedy, sampled, probs.div(noise).argmax(dim=-1))
-        if raw_logprobs is None:
-            return SamplerOutput(sampled_token_ids=sampled, logprobs=None, top_logprobs=None)
-        chosen = raw_logprobs.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
-        top = None
-        if meta.max_num_logprobs > 0:
-            values, ids = raw_logprobs.topk(meta.max_num_logprobs, dim=-1)
-            top = (values, ids)
-        return SamplerOutput(sampled_token_ids=sampled, logprobs=chosen, top_logprobs=top)
+        return with_logprobs(sampled, raw_logprobs, meta.max_num_logprobs)
 
     def _exponential_noise(self, like: Tensor, generators: list[torch.Generator | None]) -> Tensor:
         """q ~ Exp(1) shaped like `like` [R, V]; row i comes from generators[i] (or the sampler's own)."""
@@ -266,3 +259,19 @@ class Sampler:
                 noise[row].exponential_(generator=generator if generator is not None else self.generator)
         # Guard against an exact 0: p / 0 would be NaN for a masked token, and argmax would pick NaN.
         return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+
+    def draw(self, probs: Tensor, generator: torch.Generator | None) -> int:
+        """One token from the distribution `probs` [V] (step 5), with `generator` or the sampler's own."""
+        return int(probs.div(self._exponential_noise(probs.unsqueeze(0), [generator])[0]).argmax())
+
+
+def with_logprobs(sampled: Tensor, raw_logprobs: Tensor | None, max_num_logprobs: int | None) -> SamplerOutput:
+    """The sampler's output for tokens `sampled` [R], with the raw logprobs the rows asked for (step 1)."""
+    if raw_logprobs is None:
+        return SamplerOutput(sampled_token_ids=sampled, logprobs=None, top_logprobs=None)
+    chosen = raw_logprobs.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
+    top = None
+    if max_num_logprobs > 0:
+        values, ids = raw_logprobs.topk(max_num_logprobs, dim=-1)
+        top = (values, ids)
+    return SamplerOutput(sampled_token_ids=sampled, logprobs=chosen, top_logprobs=top)

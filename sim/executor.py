@@ -9,6 +9,9 @@ executor drive the very same core `Scheduler`; they differ only in how a step is
     sample one token per finished chunk      one dummy token per request that `needs_logits`
     update_from_output(output, result, now)  update_from_output(output, result, env.now)
 
+With speculative decoding, a `SimulatedProposer` (sim/spec_decode.py) drafts dummy tokens before each
+schedule and says after the step how many the verifier accepted; the scheduler rolls back the rest.
+
 Outputs are lengths, not text: requests carry `ignore_eos`, so each ends at exactly `max_tokens`, and the
 token id a step "samples" does not matter. Time comes from a `StepTimer`:
 - `CostModelTimer` prices the batch with the roofline cost model (sim/cost_model.py);
@@ -25,13 +28,14 @@ Invariants:
 - every request handed to `add_request` either is refused (counted, ValueError from the scheduler) or
   finishes; `metrics()` raises if the scheduler stalled with requests left.
 
-Lesson: lessons/01-continuous-batching.md (the engine loop); lessons/06-architecture-map.md (the seam).
+Lesson: lessons/01-continuous-batching.md (the engine loop); lessons/06-architecture-map.md (the seam);
+lessons/05-speculative-decoding.md (simulated drafts).
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator, Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import simpy
 
@@ -40,6 +44,9 @@ from ref_engine.core.metrics import RunMetrics, StepRecord
 from ref_engine.core.request import Request
 from ref_engine.core.scheduler import Scheduler
 from sim.cost_model import BatchShape, CostModel
+
+if TYPE_CHECKING:
+    from sim.spec_decode import SimulatedProposer
 
 # The token a simulated step "samples". Requests ignore EOS and have no stop tokens, so its value is moot.
 DUMMY_TOKEN_ID = 0
@@ -91,8 +98,9 @@ class SimulatedExecutor:
     """
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, step_timer: StepTimer,
-                 name: str = "engine") -> None:
+                 name: str = "engine", proposer: SimulatedProposer | None = None) -> None:
         self.env = env
+        self.proposer = proposer
         self.scheduler = scheduler
         self.step_timer = step_timer
         self.name = name
@@ -134,6 +142,8 @@ class SimulatedExecutor:
     def _engine_loop(self) -> Generator[simpy.Event, None, None]:
         env, scheduler = self.env, self.scheduler
         while True:
+            if self.proposer is not None:
+                self.proposer.propose(scheduler)
             output = scheduler.schedule(env.now)
             if output.is_empty:
                 self._wakeup = env.event()
@@ -143,9 +153,12 @@ class SimulatedExecutor:
             start = env.now
             duration = self.step_timer.step_time(output)
             yield env.timeout(duration)
-            result = StepResult({s.request_id: [DUMMY_TOKEN_ID] for s in output.scheduled if s.needs_logits})
+            if self.proposer is not None:
+                result = self.proposer.verify(output)
+            else:
+                result = StepResult({s.request_id: [DUMMY_TOKEN_ID] for s in output.scheduled if s.needs_logits})
             finished = scheduler.update_from_output(output, result, now=env.now)
-            self.steps.append(StepRecord.from_output(output, start, duration))
+            self.steps.append(StepRecord.from_output(output, start, duration, result))
             for request in finished:
                 self._finished_events.pop(request.request_id).succeed(request)
 

@@ -883,3 +883,68 @@ def chat_replay(sides: Sides, *, num_conversations: int = 4, num_turns: int = 3,
                  warmup=tuple(rounds[:k]))
             for k in range(num_turns) for caching in (False, True)]
     return _with_hits(_paired_rows(jobs, sides))
+
+
+# ---- lesson 5: speculative decoding ----
+
+
+def speculation(prompts: list[list[int]], configs: dict[str, EngineConfig], sides: Sides, *, output_len: int = 64,
+                acceptance: Any = None, **labels: Any) -> list[dict[str, Any]]:
+    """Each configuration on the same greedy prompts: [measured, simulated] rows (or only simulated).
+
+    A measured speculative run is simulated with its own per-step counts replayed (`AcceptanceReplay`), so
+    the two sides make the same decisions and differ only in time; without the engine, `acceptance` (an
+    `AcceptanceModel`) stands in for the proposer. Rows carry `config` (the label) and, when measured, the
+    engine's output token ids under "token_ids" so a notebook can check greedy outputs are unchanged."""
+    from sim.spec_decode import AcceptanceReplay
+
+    workload = Workload.from_token_ids(prompts, output_len, name="speculation")
+    rows = []
+    for label, config in configs.items():
+        row_labels = {**labels, "config": label, "batch": len(prompts)}
+
+        def simulate(acc: Any, cfg: EngineConfig = config) -> RunMetrics:
+            return Simulator(sides.simulated_arch(), sides.hardware, cfg, dtype=sides.dtype,
+                             acceptance=acc if cfg.speculative_method else None).run(workload)
+
+        if not sides.measure:
+            rows.append(_row(simulate(acceptance), "simulated", row_labels))
+            continue
+        from ref_engine import bench
+
+        runs = [bench.run(workload, config, model=sides.model) for _ in range(sides.repeats)]
+        measured = min(runs, key=lambda m: m.duration)
+        rows.append(_row(measured, "measured", row_labels))
+        rows.append(_row(simulate(AcceptanceReplay(measured.steps)), "simulated", row_labels, measured))
+    return rows
+
+
+def speedups(rows: Iterable[dict[str, Any]], baseline: str = "off", by: tuple[str, ...] = ("side",)
+             ) -> dict[tuple[Any, ...], float]:
+    """output_throughput of each (config, *by) row over the `baseline` config's with the same `by` values."""
+    rows = list(rows)
+    base = {tuple(r[k] for k in by): r["output_throughput"] for r in rows if r["config"] == baseline}
+    return {(r["config"], *(r[k] for k in by)): r["output_throughput"] / base[tuple(r[k] for k in by)]
+            for r in rows if r["config"] != baseline}
+
+
+def speculation_batch_sweep(batch_sizes: Iterable[int], acceptance_rate: float, sides: Sides, *, k: int = 5,
+                            prompt_len: int = 128, output_len: int = 128) -> list[dict[str, Any]]:
+    """Simulated speed-up of speculation (threshold off) over plain decoding as the batch grows, at a fixed
+    acceptance rate: where memory-bound decode turns compute-bound, verifying k drafts stops being free."""
+    from sim.spec_decode import AcceptanceRate
+
+    rows = []
+    for batch in batch_sizes:
+        workload = Workload.synthetic(batch, prompt_len, output_len, seed=batch)
+        config = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max(512, batch * (k + 1)),
+                              num_kv_blocks=batch * _cdiv(prompt_len + output_len + k, 16) + 1)
+        plain = sides.simulator(config).run(workload)
+        spec_config = config.replace(speculative_method="ngram", num_speculative_tokens=k,
+                                     speculative_disable_by_batch_size=None)
+        spec = Simulator(sides.simulated_arch(), sides.hardware, spec_config, dtype=sides.dtype,
+                         acceptance=AcceptanceRate((acceptance_rate,), seed=batch)).run(workload)
+        rows.append({"batch": batch, "plain_tok_s": plain.output_throughput, "spec_tok_s": spec.output_throughput,
+                     "speedup": spec.output_throughput / plain.output_throughput,
+                     "tokens_per_step": spec.mean_acceptance_length})
+    return rows

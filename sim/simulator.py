@@ -14,6 +14,11 @@ Defaults
   `config.kv_cache_memory` bytes / bytes per block; else vLLM-style profiling of the device memory
   (`sim.cost_model.kv_cache_num_blocks`: memory x 0.9 - weights - activations).
 
+Speculative decoding (`config.speculative_method`): pass an `acceptance` model (sim/spec_decode.py: a
+rate per draft position, or the engine's counts replayed); a draft model's passes are priced on its own
+dims, `draft_arch` (default: the target's first L layers for `speculative_model="self:L"`, else the
+known model of that name).
+
 Invariant: the same workload and configuration give the same `RunMetrics` to the last digit. Nothing
 here reads a wall clock or an unseeded random source; workloads carry their own seed.
 
@@ -23,6 +28,7 @@ Lesson: every lesson's "simulated" column; lessons/07-tuning-knobs.md (sweeping 
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import simpy
 
@@ -33,6 +39,7 @@ from ref_engine.core.workload import Workload
 from ref_engine.model.arch_config import DEFAULT_MODEL_NAME, ArchConfig
 from sim.cost_model import CostModel, kv_cache_num_blocks
 from sim.executor import CostModelTimer, SimulatedExecutor, StepTimer
+from sim.spec_decode import AcceptanceModel, DraftCostTimer, SimulatedProposer
 from sim.hardware import DEFAULT_CPU_PROFILE, HardwareProfile, dtype_bytes, load_calibrated_profile
 
 
@@ -86,7 +93,8 @@ class Simulator:
 
     def __init__(self, model: ArchConfig | str | None = None, hardware: HardwareProfile | str | None = None,
                  config: EngineConfig | None = None, dtype: str | None = None, tensor_parallel_size: int = 1,
-                 num_kv_blocks: int | None = None, step_timer: StepTimer | None = None) -> None:
+                 num_kv_blocks: int | None = None, step_timer: StepTimer | None = None,
+                 acceptance: AcceptanceModel | None = None, draft_arch: ArchConfig | str | None = None) -> None:
         self.arch = resolve_model(model)
         self.hardware = resolve_hardware(hardware)
         # max_model_len settled for this model (its max_position_embeddings when unset), as the engine does
@@ -101,11 +109,29 @@ class Simulator:
         self.num_kv_blocks = num_kv_blocks if num_kv_blocks is not None else num_kv_blocks_for(
             self.arch, self.hardware, self.config, dtype, tensor_parallel_size)
         self.step_timer = step_timer if step_timer is not None else CostModelTimer(self.cost_model)
+        if (self.config.speculative_method is None) != (acceptance is None):
+            raise ValueError("an acceptance model simulates speculative decoding, so it goes with "
+                             f"speculative_method, and that needs one; got {self.config.speculative_method!r} "
+                             f"and acceptance={acceptance!r}")
+        self.acceptance = acceptance
+        if self.config.speculative_method == "draft_model":
+            self.draft_arch = self._draft_arch(draft_arch)
+            self.step_timer = DraftCostTimer(self.step_timer, CostModel(
+                self.draft_arch, self.hardware, dtype, tensor_parallel_size, block_size=self.config.block_size))
+
+    def _draft_arch(self, draft_arch: ArchConfig | str | None) -> ArchConfig:
+        if draft_arch is not None:
+            return resolve_model(draft_arch)
+        num_layers = self.config.draft_num_layers
+        if num_layers is not None:
+            return replace(self.arch, num_layers=num_layers)
+        return ArchConfig.named(self.config.speculative_model)
 
     def make_executor(self, env: simpy.Environment, name: str = "engine") -> SimulatedExecutor:
         """A fresh replica (new scheduler, empty KV pool) on `env`'s clock."""
         scheduler = make_scheduler(self.config, self.num_kv_blocks, cache_namespace=self.arch.name)
-        return SimulatedExecutor(env, scheduler, self.step_timer, name)
+        proposer = SimulatedProposer(self.acceptance) if self.acceptance is not None else None
+        return SimulatedExecutor(env, scheduler, self.step_timer, name, proposer)
 
     def run(self, workload: Workload) -> RunMetrics:
         """Serve `workload` from an empty engine at time 0 until every request finished or was refused."""

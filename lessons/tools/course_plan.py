@@ -144,7 +144,24 @@ LESSONS: tuple[PlannedLesson, ...] = (
             PlannedExercise("E04.2", "estimate", "Hit rate and prefill saved for a shared prefix"),
         ),
     ),
-    PlannedLesson("05-speculative-decoding", "Speculative decoding", minutes=90),
+    # Lesson 5 sections: nearly-free (memory-bound decode verifies k + 1 tokens for the price of one),
+    # verification (greedy prefix match, rejection sampling, why it is exact), proposers (n-gram prompt
+    # lookup, draft model, self:L), acceptance-and-speedup (Leviathan's formula, the draft's cost),
+    # grounded-vs-chat (where n-gram shines), batch-size (where speculation turns into a slow-down),
+    # simulating-speculation (acceptance rates, replay, the draft's cost from its dims).
+    PlannedLesson(
+        "05-speculative-decoding", "Speculative decoding", minutes=90,
+        anchors=("you-will-learn", "nearly-free", "verification", "proposers", "acceptance-and-speedup",
+                 "grounded-vs-chat", "batch-size", "simulating-speculation", "exercises", "questions",
+                 "summary"),
+        notebook_anchors=("formula", "measured", "batch-size", "exercises"),
+        terms=("speculative-decoding", "draft-model", "prompt-lookup-decoding", "acceptance-rate",
+               "rejection-sampling", "bonus-token", "memory-bound", "compute-bound", "decode"),
+        exercises=(
+            PlannedExercise("E05.1", "implement", "Prompt lookup: draft tokens from the context"),
+            PlannedExercise("E05.2", "estimate", "Tokens per step and the speed-up of speculation"),
+        ),
+    ),
     PlannedLesson("06-architecture-map", "The architecture map", minutes=60),
     PlannedLesson("07-tuning-knobs", "Tuning knobs: sweeping the throughput/latency curve", minutes=90),
     PlannedLesson("capstone", "Capstone: a before -> after throughput report", minutes=180, notebook=False,

@@ -16,6 +16,7 @@ CPU_KV_CACHE_MEMORY = 1 << 30  # the KV pool on a CPU when no size is configured
 SchedulingPolicy = Literal["continuous", "static"]
 PreemptionMode = Literal["recompute", "swap"]
 KVAllocation = Literal["paged", "contiguous", "contiguous_exact"]
+SpeculativeMethod = Literal["ngram", "draft_model"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,14 @@ class EngineConfig:
     kv_allocation: KVAllocation = "paged"  # "contiguous*" reserve whole sequences up front (lesson 2)
     enable_prefix_caching: bool = True  # reuse computed KV blocks by content hash (vLLM's default: on)
     seed: int = 0
+    # speculative decoding (lesson 5): a proposer drafts k tokens, the target verifies 1 + k in one step
+    speculative_method: SpeculativeMethod | None = None  # None = off; "ngram" = prompt lookup
+    num_speculative_tokens: int = 5  # k, the most draft tokens per request and step
+    speculative_model: str | None = None  # "draft_model": a model path, or "self:L" (the target's first L layers)
+    prompt_lookup_max: int = 4  # "ngram": the longest suffix n-gram looked up in the context
+    prompt_lookup_min: int = 2  # "ngram": the shortest
+    speculative_disable_by_batch_size: int | None = 4  # speculate only while at most this many requests run
+    # (None: always); a big batch is compute-bound already, so verifying k more tokens each costs real time
 
     def __post_init__(self) -> None:
         positive = ("block_size", "max_num_seqs", "max_num_batched_tokens")
@@ -60,12 +69,44 @@ class EngineConfig:
         _check_choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
         _check_choice("scheduling", self.scheduling, ("continuous", "static"))
         _check_choice("kv_allocation", self.kv_allocation, ("paged", "contiguous", "contiguous_exact"))
+        self._check_speculative()
         if (not self.enable_chunked_prefill and self.max_model_len is not None
                 and self.max_num_batched_tokens < self.max_model_len):
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
                 f"({self.max_model_len}) when enable_chunked_prefill=False, or a long prompt could never "
                 "be scheduled")
+
+    def _check_speculative(self) -> None:
+        if self.speculative_method is not None:
+            _check_choice("speculative_method", self.speculative_method, ("ngram", "draft_model"))
+            if self.scheduling != "continuous":
+                raise ValueError("speculative decoding needs scheduling='continuous' (a static batch reserves "
+                                 "its slots up front and schedules no draft tokens)")
+        for knob in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+            value = getattr(self, knob)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{knob} must be a positive integer, got {value!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
+                             f"({self.prompt_lookup_max})")
+        limit = self.speculative_disable_by_batch_size
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise ValueError(f"speculative_disable_by_batch_size must be a positive integer or None, got {limit!r}")
+        if (self.speculative_method == "draft_model") != (self.speculative_model is not None):
+            raise ValueError("speculative_model names the draft of speculative_method='draft_model', and that "
+                             f"method needs one; got speculative_method={self.speculative_method!r}, "
+                             f"speculative_model={self.speculative_model!r}")
+        if self.speculative_model is not None and self.speculative_model.startswith("self:"):
+            num_layers = self.speculative_model.removeprefix("self:")
+            if not num_layers.isdigit() or int(num_layers) < 1:
+                raise ValueError(f"speculative_model='self:L' needs L >= 1 layers, got {self.speculative_model!r}")
+
+    @property
+    def draft_num_layers(self) -> int | None:
+        """L of speculative_model="self:L" (the target's first L layers as the draft), else None."""
+        model = self.speculative_model
+        return int(model.removeprefix("self:")) if model is not None and model.startswith("self:") else None
 
     def for_model(self, max_position_embeddings: int) -> EngineConfig:
         """This config with `max_model_len` settled for a model: the model's limit when unset, and an

@@ -24,6 +24,7 @@ class ScheduledRequest:
     block_ids: list[int]  # the request's whole block table after this step's allocation (the manager's own
     # list, not a copy, since the simulator builds millions of these: valid until the next `schedule`)
     needs_logits: bool  # this chunk reaches the last known token, so the step samples a new one
+    num_draft_tokens: int = 0  # the last this many of token_ids are draft tokens to verify (lesson 5)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -31,8 +32,8 @@ class ScheduledRequest:
 
     @property
     def is_prefill(self) -> bool:
-        """A chunk of more than one token (a decode step schedules exactly one)."""
-        return len(self.token_ids) > 1
+        """A chunk of more than one known token (a decode step schedules one, plus any draft tokens)."""
+        return len(self.token_ids) - self.num_draft_tokens > 1
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class SchedulerOutput:
     num_live_tokens: int = 0  # tokens whose K/V sits (or is written this step) in device blocks, per
     # request: a prefix block shared by k requests counts k times, so it can exceed num_reserved_slots
     num_reserved_slots: int = 0  # token slots of all device blocks in use
+    # drafts each running request brought to this step, before any budget cut or preemption (lesson 5)
+    num_proposed_tokens: dict[str, int] = field(default_factory=dict)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -73,6 +76,7 @@ class SchedulerOutput:
 
 @dataclass(frozen=True)
 class StepResult:
-    """New tokens per request that needed logits (a list, so a speculative step can return several)."""
+    """New tokens per request that needed logits: one, or for a speculative step the accepted draft tokens
+    followed by one token of the target's own (so 1 .. num_draft_tokens + 1)."""
 
     sampled_token_ids: dict[str, list[int]]

@@ -154,8 +154,9 @@ class KVCacheManager:
         return CachedPrefix(blocks, min(len(blocks) * self.block_size, request.num_tokens - 1))
 
     def cache_full_blocks(self, request: Request) -> None:
-        """Register the blocks the request has completed since the last call (after each step)."""
-        num_full = request.num_computed_tokens // self.block_size
+        """Register the blocks the request has completed since the last call (after each step). Only known
+        tokens count: a stop token amid accepted draft tokens leaves computed slots past the last kept token."""
+        num_full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
         start = self._num_registered.get(request.request_id, 0)
         if not self.enable_caching or num_full <= start:
             return

@@ -11,7 +11,9 @@ Prefix caching is counted in prompt tokens, as vLLM's `prefix_cache_queries`/`pr
 request's prompt tokens are queries, its `num_cached_tokens` (the hit at its first scheduling) are hits.
 
 `StepRecord` is one executed step (its batch shape and duration): what calibration fits and what timeline
-plots draw.
+plots draw. Its `proposed` entries record the drafts each request brought to the step, and its `verified` entries, (request id, draft tokens, accepted drafts) for each request that
+verified drafts, give the speculative-decoding counts (lesson 5): tokens drafted and accepted, the mean
+acceptance length (tokens a verify step emits: accepted + 1) and the acceptance rate by draft position.
 
 Lesson: lessons/01-continuous-batching.md (measuring a server).
 """
@@ -22,7 +24,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from statistics import fmean, median
 
-from ref_engine.core.interfaces import SchedulerOutput
+from ref_engine.core.interfaces import SchedulerOutput, StepResult
 from ref_engine.core.request import Request, RequestStatus
 
 
@@ -37,13 +39,20 @@ class StepRecord:
     num_live_tokens: int
     num_reserved_slots: int
     num_preempted: int
+    verified: tuple[tuple[str, int, int], ...] = ()  # (request id, draft tokens, accepted drafts) per verify
+    proposed: tuple[tuple[str, int], ...] = ()  # (request id, drafts brought to the step), for replays
 
     @classmethod
-    def from_output(cls, output: SchedulerOutput, start: float, duration: float) -> StepRecord:
+    def from_output(cls, output: SchedulerOutput, start: float, duration: float,
+                    result: StepResult | None = None) -> StepRecord:
         query_lens, context_lens = output.batch_shape
+        verified = () if result is None else tuple(
+            (s.request_id, s.num_draft_tokens, len(result.sampled_token_ids[s.request_id]) - 1)
+            for s in output.scheduled if s.num_draft_tokens and s.request_id in result.sampled_token_ids)
         return cls(step_id=output.step_id, start=start, duration=duration, query_lens=query_lens,
                    context_lens=context_lens, kv_usage=output.kv_usage, num_live_tokens=output.num_live_tokens,
-                   num_reserved_slots=output.num_reserved_slots, num_preempted=len(output.preempted_request_ids))
+                   num_reserved_slots=output.num_reserved_slots, num_preempted=len(output.preempted_request_ids),
+                   verified=verified, proposed=tuple(output.num_proposed_tokens.items()))
 
     @property
     def num_tokens(self) -> int:
@@ -110,6 +119,13 @@ class RunMetrics:
     prefix_cache_hits: int
     prefix_cache_hit_rate: float  # hits / queries
     steps: list[StepRecord] = field(default_factory=list, repr=False)
+    # speculative decoding (vLLM's spec-decode metrics); a "draft" is one request's drafts in one step
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    draft_acceptance_rate: float = math.nan  # accepted / drafted tokens
+    mean_acceptance_length: float = math.nan  # tokens a verify emits: 1 + accepted per draft
+    acceptance_by_position: tuple[float, ...] = ()  # [i]: of drafts with an (i+1)-th token, share accepting it
 
     @classmethod
     def from_requests(cls, requests: list[Request], steps: list[StepRecord], *, num_failed: int = 0,
@@ -145,6 +161,7 @@ class RunMetrics:
             prefix_cache_queries=n_in, prefix_cache_hits=hits,
             prefix_cache_hit_rate=hits / n_in if n_in else 0.0,
             steps=steps,
+            **_spec_decode_counts(steps),
         )
 
     def to_dict(self) -> dict[str, float | int]:
@@ -152,6 +169,19 @@ class RunMetrics:
         d = asdict(self)
         del d["steps"]
         return d
+
+
+def _spec_decode_counts(steps: list[StepRecord]) -> dict[str, object]:
+    verified = [(drafted, accepted) for s in steps for _, drafted, accepted in s.verified]
+    if not verified:
+        return {}
+    drafted = sum(d for d, _ in verified)
+    accepted = sum(a for _, a in verified)
+    by_position = tuple(sum(a > i for d, a in verified if d > i) / sum(d > i for d, _ in verified)
+                        for i in range(max(d for d, _ in verified)))
+    return dict(num_drafts=len(verified), num_draft_tokens=drafted, num_accepted_tokens=accepted,
+                draft_acceptance_rate=accepted / drafted, mean_acceptance_length=1 + accepted / len(verified),
+                acceptance_by_position=by_position)
 
 
 def relative_error(simulated: float, measured: float) -> float:

@@ -2,13 +2,16 @@
 
 The one number that drives scheduling is `num_computed_tokens`: how many of the request's known tokens
 (prompt + generated so far) already have their K/V in the cache. A step gives a request N >= 1 new tokens;
-prefill chunks, decode steps and (later) speculative verification are all that same move. Preemption by
+prefill chunks, decode steps and speculative verification are all that same move. Preemption by
 recompute just sets it back to 0: the generated tokens are kept and recomputed as if they were prompt.
+
+`spec_token_ids` are a proposer's guesses at the next tokens (lesson 5). They are not part of the sequence:
+the next step runs them after the last known token, and only those the verifier accepts become output.
 
 Timestamps are plain floats of whatever clock the caller uses: wall-clock seconds in the engine, SimPy
 time in the simulator, so `metrics.py` computes TTFT and ITL the same way for both.
 
-Lesson: lessons/01-continuous-batching.md (a request's life).
+Lesson: lessons/01-continuous-batching.md (a request's life); lessons/05-speculative-decoding.md (drafts).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class Request:
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # when each output token was produced
     finish_time: float | None = None
+    spec_token_ids: list[int] = field(default_factory=list)  # draft tokens for the next step (lesson 5)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

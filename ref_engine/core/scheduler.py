@@ -16,6 +16,12 @@ decode token differ only in N.
    the rest of its prompt counts against the budget;
 4. after the step, every block a request completed is registered in the prefix cache.
 
+Speculative decoding (lesson 5) is the same rule with a longer N: a decoding request that carries
+`spec_token_ids` gets its next token plus those drafts (1 + k tokens, counted in the budget and in
+`allocate_slots`), and `update_from_output` moves `num_computed_tokens` back over the drafts the verifier
+rejected. Their slots stay allocated and are overwritten by later tokens. `requests_to_speculate` says who
+may get drafts (and how many), so the engine's proposers and the simulator's follow one rule.
+
 `StaticScheduler` is the baseline lesson 1 contrasts: it forms a batch, reserves each member's whole
 prompt + max_tokens up front, and admits nobody until every member has finished.
 
@@ -23,7 +29,7 @@ Both are plain Python with no clock and no tensors: callers pass `now`, so the r
 and the simulator (SimPy clock) drive the very same objects.
 
 Lesson: lessons/01-continuous-batching.md; preemption in lessons/02-paged-attention.md; cache lookups in
-lessons/04-prefix-caching.md.
+lessons/04-prefix-caching.md; speculation in lessons/05-speculative-decoding.md.
 """
 
 from __future__ import annotations
@@ -118,6 +124,7 @@ class Scheduler:
     def schedule(self, now: float) -> SchedulerOutput:
         """Spend this step's token budget; see the module docstring for the order."""
         budget = self.config.max_num_batched_tokens
+        proposed = {r.request_id: len(r.spec_token_ids) for r in self.running if r.spec_token_ids}
         planned: list[tuple[Request, int]] = []
         preempted: list[str] = []
         swap_out: list[tuple[int, int]] = []
@@ -126,7 +133,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            remaining = request.num_tokens - request.num_computed_tokens
+            num_drafts = len(request.spec_token_ids) if remaining == 1 else 0  # drafts follow a decode token
+            n = min(remaining + num_drafts, budget)
             while self.kv_cache_manager.allocate_slots(request, n) is None:
                 victim = self.running.pop()  # the most recently admitted request
                 swap_out += self._preempt(victim)
@@ -157,7 +166,7 @@ class Scheduler:
             planned.append((request, n))
             budget -= n
 
-        return self._make_output(planned, preempted, swap_out, swap_in)
+        return self._make_output(planned, preempted, swap_out, swap_in, proposed)
 
     def update_from_output(self, output: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
         """Advance every scheduled request by its tokens, append sampled tokens, retire finished ones."""
@@ -168,21 +177,44 @@ class Scheduler:
             request = self.requests.get(scheduled.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # finished or aborted while the step ran
-            n = len(scheduled.token_ids)
-            request.num_computed_tokens += n
-            if kv.enable_caching and request.num_computed_tokens % block_size < n:  # a block was completed
-                kv.cache_full_blocks(request)
+            computed_before = request.num_computed_tokens
+            request.num_computed_tokens += len(scheduled.token_ids)
+            request.spec_token_ids = []  # this step used them; the proposer drafts afresh for the next
             if scheduled.needs_logits:
-                for token_id in result.sampled_token_ids[scheduled.request_id]:
+                token_ids = result.sampled_token_ids[scheduled.request_id]
+                # Roll back over the rejected drafts: only the accepted ones' K/V follows the right tokens.
+                request.num_computed_tokens -= scheduled.num_draft_tokens + 1 - len(token_ids)
+                for token_id in token_ids:
                     request.append_output_token(token_id, now)
                     if request.status.is_finished:
                         break
+            if kv.enable_caching and request.num_computed_tokens // block_size > computed_before // block_size:
+                kv.cache_full_blocks(request)  # this step completed a block: register it for later requests
             if request.status.is_finished:
                 self.running.remove(request)
                 self._release(request, now)
                 finished.append(request)
         self.num_steps += 1
         return finished
+
+    def requests_to_speculate(self) -> list[tuple[Request, int]]:
+        """Running requests that may carry draft tokens into the next step, each with its most drafts.
+
+        A request qualifies once it decodes (one known token left to compute). It may take up to
+        `num_speculative_tokens` drafts, fewer near `max_tokens` (all accepted plus the target's own token
+        must still fit). Nobody qualifies while more than `speculative_disable_by_batch_size` requests run:
+        a batch that big already keeps the device busy, and verifying drafts would cost more than it saves.
+        """
+        cfg = self.config
+        limit = cfg.speculative_disable_by_batch_size
+        if cfg.speculative_method is None or (limit is not None and len(self.running) > limit):
+            return []
+        candidates = []
+        for request in self.running:
+            most = min(cfg.num_speculative_tokens, request.max_tokens - request.num_output_tokens - 1)
+            if request.num_tokens - request.num_computed_tokens == 1 and most > 0:
+                candidates.append((request, most))
+        return candidates
 
     # ---- helpers ----
 
@@ -209,6 +241,7 @@ class Scheduler:
         self.kv_cache_manager.free(request.request_id)
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
+        request.spec_token_ids = []
         return []
 
     def _release(self, request: Request, now: float) -> None:
@@ -217,23 +250,26 @@ class Scheduler:
         request.finish_time = now
 
     def _make_output(self, planned: list[tuple[Request, int]], preempted: list[str],
-                     swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> SchedulerOutput:
+                     swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]],
+                     proposed: dict[str, int] | None = None) -> SchedulerOutput:
         kv = self.kv_cache_manager
         scheduled = []
         for request, n in planned:
             start = request.num_computed_tokens
+            num_drafts = max(0, start + n - request.num_tokens)  # what reaches past the known tokens
             scheduled.append(ScheduledRequest(
                 request_id=request.request_id,
-                token_ids=request.token_ids(start, start + n),
+                token_ids=request.token_ids(start, start + n - num_drafts) + request.spec_token_ids[:num_drafts],
                 num_computed_tokens=start,
                 block_ids=kv.get_block_ids(request.request_id),  # the live table: read it before the next step
-                needs_logits=start + n == request.num_tokens,
+                needs_logits=start + n >= request.num_tokens,
+                num_draft_tokens=num_drafts,
             ))
         live = sum(r.num_computed_tokens for r in self.running) + sum(n for _, n in planned)
         return SchedulerOutput(
             step_id=self.num_steps, scheduled=scheduled, preempted_request_ids=preempted,
-            swap_out=swap_out, swap_in=swap_in, copy_blocks=kv.take_copies(), kv_usage=kv.usage, num_live_tokens=live,
-            num_reserved_slots=kv.num_reserved_slots)
+            swap_out=swap_out, swap_in=swap_in, copy_blocks=kv.take_copies(), kv_usage=kv.usage,
+            num_live_tokens=live, num_reserved_slots=kv.num_reserved_slots, num_proposed_tokens=proposed or {})
 
 
 class StaticScheduler(Scheduler):

@@ -151,3 +151,70 @@ def test_invariants_hold_under_any_sequence(scenario):
         assert kv.block_pool.num_cached_blocks == 0
     assert kv.host_pool.num_free_blocks == kv.host_pool.num_blocks
     assert not kv.block_tables and not kv.host_block_tables
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenarios(), st.integers(1, 5), st.sampled_from([None, 1, 3]))
+def test_speculative_steps_roll_back_to_the_accepted_tokens(scenario, k, disable_above):
+    """Random drafts and random acceptances, with chunked prefill, preemption, aborts and prefix caching. The
+    fake KV store records which token each slot's K/V was computed from; every position below
+    num_computed_tokens must hold the request's real token there (rejected drafts are rolled back, never
+    counted, and never registered in the prefix cache)."""
+    config, num_blocks, specs, abort_at, seed = scenario
+    config = config.replace(scheduling="continuous", kv_allocation="paged", speculative_method="ngram",
+                            num_speculative_tokens=k, speculative_disable_by_batch_size=disable_above)
+    rng = random.Random(seed)
+    sched = make_scheduler(config, num_blocks)
+    accepted: list[Request] = []
+    for i, (prompt_len, max_tokens, *_) in enumerate(specs):
+        req = Request(str(i), [rng.randrange(1, 50) for _ in range(prompt_len)], max_tokens, ignore_eos=True)
+        try:
+            sched.add_request(req)
+            accepted.append(req)
+        except ValueError:
+            pass
+    store: dict = {}
+    host: dict = {}
+    num_verified = 0
+    for step in range(3000):
+        if step in abort_at and accepted:
+            sched.abort_request(accepted[abort_at[step] % len(accepted)].request_id, now=step)
+        candidates = sched.requests_to_speculate()
+        if disable_above is not None and len(sched.running) > disable_above:
+            assert candidates == []
+        for req, most in candidates:
+            assert 1 <= most <= k and req.num_tokens + most <= req.max_total_tokens
+            req.spec_token_ids = [rng.randrange(1, 50) for _ in range(rng.randint(0, most))]
+        out = sched.schedule(now=float(step))
+        check_step_invariants(sched, out)
+        write_and_check_kv(sched, out, store, host)  # prefix caching may be on: shared blocks stay intact
+        sampled = {}
+        for s in out.scheduled:
+            req = sched.requests[s.request_id]
+            assert s.num_draft_tokens == 0 or s.num_computed_tokens == req.num_tokens - 1
+            assert s.token_ids[:s.num_scheduled_tokens - s.num_draft_tokens] == req.token_ids(
+                s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens - s.num_draft_tokens)
+            if s.needs_logits:
+                drafts = s.token_ids[len(s.token_ids) - s.num_draft_tokens:]
+                n_ok = rng.randint(0, len(drafts))
+                sampled[s.request_id] = drafts[:n_ok] + [rng.randrange(50, 60)]  # a correction never equals a draft
+                num_verified += bool(drafts)
+        sched.update_from_output(out, StepResult(sampled), now=float(step) + 0.5)
+        bs = config.block_size
+        for req in sched.running:  # after the rollback, every computed position holds its real token's K/V
+            assert req.num_computed_tokens <= req.num_tokens - (1 if req.num_output_tokens else 0)
+            table = sched.kv_cache_manager.get_block_ids(req.request_id)
+            for pos in range(req.num_computed_tokens):
+                assert store[table[pos // bs], pos % bs] == ((None, None), pos, req.token_ids(pos, pos + 1)[0]), \
+                    (req.request_id, pos)
+        if not sched.has_unfinished_requests():
+            break
+    else:
+        raise AssertionError("the scheduler did not drain its requests in 3000 steps (livelock)")
+    for req in accepted:
+        assert req.status in TERMINAL
+        if req.status is RequestStatus.FINISHED_LENGTH:
+            assert req.num_output_tokens == req.max_tokens
+    kv = sched.kv_cache_manager
+    assert kv.block_pool.num_free_blocks == num_blocks and not kv.block_tables
+    assert kv.host_pool.num_free_blocks == kv.host_pool.num_blocks

@@ -1,0 +1,122 @@
+"""Speculative decoding in the simulator: acceptance as a number, the draft's cost from its dims.
+
+The simulator has no tokens to guess, so a proposer is modelled by what it achieves. An `AcceptanceModel`
+says how many drafts a request carries into a step and how many of them the verifier accepts:
+- `AcceptanceRate`: every proposed draft token is accepted with probability a_i at draft position i
+  (one rate for all positions, or one per position, set by hand or measured from the engine's
+  `RunMetrics.acceptance_by_position`); acceptance stops at the first rejection, as in the engine. With
+  one rate a, a verify of k drafts emits (1 - a^(k+1)) / (1 - a) tokens on average (Leviathan et al.,
+  ICML'23, Eq. 1), which tests/sim/test_simulated_speculation.py checks;
+- `AcceptanceReplay`: the engine's own per-step counts (`StepRecord.verified`), so the shared scheduler
+  makes exactly the engine's decisions and only step times can differ.
+
+`SimulatedProposer` applies the model around the shared core's rule (`Scheduler.requests_to_speculate`):
+it sets dummy `spec_token_ids` before a step and returns accepted + 1 dummy tokens per verify after it.
+`DraftCostTimer` adds the draft model's k forward passes to the target's step time, priced by a second
+`CostModel` on the draft's own dimensions (n-gram lookup costs nothing here).
+
+Lesson: lessons/05-speculative-decoding.md (simulating speculation).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ref_engine.core.interfaces import SchedulerOutput, StepResult
+from ref_engine.core.metrics import StepRecord
+from ref_engine.core.scheduler import Scheduler
+from sim.cost_model import BatchShape, CostModel
+from sim.executor import DUMMY_TOKEN_ID, StepTimer
+
+
+class AcceptanceModel(Protocol):
+    def num_drafts(self, step_id: int, request_id: str, most: int) -> int:
+        """Draft tokens the request carries into step `step_id` (at most `most`)."""
+
+    def num_accepted(self, step_id: int, request_id: str, num_drafts: int) -> int:
+        """How many of its `num_drafts` draft tokens the verifier accepts in step `step_id`."""
+
+
+@dataclass
+class AcceptanceRate:
+    """Always draft the most allowed; accept draft position i with probability `rates[i]` (the last rate
+    for positions past the list), stopping at the first rejection. Seeded: the same run twice gives the
+    same counts."""
+
+    rates: tuple[float, ...]
+    seed: int = 0
+    _rng: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rates, (int, float)):
+            self.rates = (float(self.rates),)
+        if not self.rates or not all(0.0 <= a <= 1.0 for a in self.rates):
+            raise ValueError(f"acceptance rates must be in [0, 1], got {self.rates!r}")
+        self._rng = random.Random(self.seed)
+
+    def num_drafts(self, step_id: int, request_id: str, most: int) -> int:
+        return most
+
+    def num_accepted(self, step_id: int, request_id: str, num_drafts: int) -> int:
+        accepted = 0
+        while accepted < num_drafts and self._rng.random() < self.rates[min(accepted, len(self.rates) - 1)]:
+            accepted += 1
+        return accepted
+
+
+class AcceptanceReplay:
+    """The engine's drafts and acceptances, step by step, from its `RunMetrics.steps`."""
+
+    def __init__(self, steps: list[StepRecord]) -> None:
+        self.proposed = {(s.step_id, request_id): n for s in steps for request_id, n in s.proposed}
+        self.accepted = {(s.step_id, request_id): accepted for s in steps for request_id, _, accepted in s.verified}
+
+    def num_drafts(self, step_id: int, request_id: str, most: int) -> int:
+        return self.proposed.get((step_id, request_id), 0)
+
+    def num_accepted(self, step_id: int, request_id: str, num_drafts: int) -> int:
+        return self.accepted[(step_id, request_id)]
+
+
+def expected_tokens_per_step(acceptance_rate: float, k: int) -> float:
+    """Leviathan et al.'s Eq. 1: a verify of k drafts, each accepted with probability a, emits
+    1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a) tokens on average (k + 1 when a = 1)."""
+    if acceptance_rate >= 1.0:
+        return k + 1.0
+    return (1 - acceptance_rate ** (k + 1)) / (1 - acceptance_rate)
+
+
+class SimulatedProposer:
+    """Dummy drafts before a step and dummy verified tokens after it, as `acceptance` decides."""
+
+    def __init__(self, acceptance: AcceptanceModel) -> None:
+        self.acceptance = acceptance
+
+    def propose(self, scheduler: Scheduler) -> None:
+        step_id = scheduler.num_steps
+        for request, most in scheduler.requests_to_speculate():
+            n = self.acceptance.num_drafts(step_id, request.request_id, most)
+            request.spec_token_ids = [DUMMY_TOKEN_ID] * n
+
+    def verify(self, output: SchedulerOutput) -> StepResult:
+        return StepResult({
+            s.request_id: [DUMMY_TOKEN_ID] * (1 + (self.acceptance.num_accepted(
+                output.step_id, s.request_id, s.num_draft_tokens) if s.num_draft_tokens else 0))
+            for s in output.scheduled if s.needs_logits})
+
+
+class DraftCostTimer:
+    """The target's step time (from `target`, any step timer) plus the draft model's passes: pass j runs
+    one token for every request with more than j drafts, after its context and the j drafts before."""
+
+    def __init__(self, target: StepTimer, draft: CostModel) -> None:
+        self.target = target
+        self.draft = draft
+
+    def step_time(self, output: SchedulerOutput) -> float:
+        spec = [(s.num_draft_tokens, s.num_computed_tokens) for s in output.scheduled if s.num_draft_tokens]
+        draft_s = sum(self.draft.step_time(BatchShape.from_pairs([(1, c + j) for d, c in spec if d > j]))
+                      for j in range(max((d for d, _ in spec), default=0)))
+        return self.target.step_time(output) + draft_s
