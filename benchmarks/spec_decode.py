@@ -2,8 +2,8 @@
 
     python benchmarks/spec_decode.py [--output-len 128] [--repeats 2]
 
-Two prompt kinds: input-grounded (repeat or summarize given code, where n-gram prompt lookup shines) and
-open chat (nothing to look up). Single stream and batch 8; configurations: off, n-gram (k = 5, default
+Two prompt kinds: input-grounded (copy a fixed text or code, `sim.experiments.GROUNDED_TEXTS`, where
+n-gram prompt lookup shines) and open chat (nothing to look up). Single stream and batch 8; configurations: off, n-gram (k = 5, default
 batch-size threshold), n-gram with the threshold off, and a self-draft (the target's first 8 layers,
 k = 3). Greedy; the fastest of `--repeats` runs is kept. The simulated column replays each run's own
 draft and acceptance counts on this machine's calibrated profile. Prints a Markdown table for
@@ -14,19 +14,13 @@ from __future__ import annotations
 
 import argparse
 import platform
-from pathlib import Path
 
 import torch
 
 from ref_engine.core import EngineConfig
 from ref_engine.model.loader import load_model
-from sim.experiments import Sides, speculation
+from sim.experiments import CHAT_TEMPLATE, Sides, grounded_prompts, speculation
 
-ROOT = Path(__file__).resolve().parents[1]
-CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
-SOURCES = ["ref_engine/core/block_pool.py", "ref_engine/core/kv_cache_manager.py", "ref_engine/core/request.py",
-           "ref_engine/core/workload.py", "ref_engine/core/metrics.py", "ref_engine/sampling_params.py",
-           "ref_engine/outputs.py", "ref_engine/core/interfaces.py"]
 OPEN_CHAT = ["Write a short story about a dragon who learns to bake bread.",
              "What are three good habits for staying healthy?", "Explain why the sky is blue to a child.",
              "Give me ideas for a weekend trip in the mountains.", "Describe your ideal breakfast.",
@@ -41,11 +35,6 @@ CONFIGS = {
 }
 
 
-def grounded_prompt(path: str, tokenizer) -> list[int]:
-    code = (ROOT / path).read_text()[:1200]
-    return tokenizer.encode(CHAT.format(f"Repeat this code exactly, line by line:\n\n{code}"))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output-len", type=int, default=128)
@@ -54,8 +43,8 @@ def main() -> None:
     torch.manual_seed(0)
     loaded = load_model(None)
     sides = Sides(model=loaded, repeats=args.repeats)
-    kinds = {"input-grounded": [grounded_prompt(p, loaded.tokenizer) for p in SOURCES],
-             "open chat": [loaded.tokenizer.encode(CHAT.format(q)) for q in OPEN_CHAT]}
+    kinds = {"input-grounded": grounded_prompts(loaded.tokenizer, 8),
+             "open chat": [loaded.tokenizer.encode(CHAT_TEMPLATE.format(q)) for q in OPEN_CHAT]}
     print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} "
           f"threads, float32, output {args.output_len} tokens, fastest of {args.repeats}")
     print("| prompts | batch | configuration | measured tok/s | speed-up | simulated tok/s | sim. error "

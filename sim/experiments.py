@@ -720,7 +720,7 @@ def preemption_cost(block_sizes: Iterable[int], sides: Sides, *, num_tokens: int
     Simulated rows: the cost model prices the prefill (`BatchShape.prefill`), `link` prices the copies
     (default as in `preemption_modes`). Measured rows (when `sides.measure`): the engine's own prefill step
     of a `num_tokens` prompt (fastest of `sides.repeats`), and the runner's own swap copy
-    (`ModelRunner._swap`) out and back in on real KV tensors, best of 5."""
+    (`ModelRunner._copy_blocks`) out and back in on real KV tensors, best of 5."""
     from sim.cost_model import BatchShape
     from sim.hardware import dtype_bytes
 
@@ -770,8 +770,8 @@ def _measure_swap(model: Any, block_size: int, num_blocks: int, repeats: int = 5
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        ModelRunner._swap(plan, src=device_kv, dst=host_kv)
-        ModelRunner._swap(plan, src=host_kv, dst=device_kv)
+        ModelRunner._copy_blocks(plan, src=device_kv, dst=host_kv)
+        ModelRunner._copy_blocks(plan, src=host_kv, dst=device_kv)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - start)
@@ -886,6 +886,49 @@ def chat_replay(sides: Sides, *, num_conversations: int = 4, num_turns: int = 3,
 
 
 # ---- lesson 5: speculative decoding ----
+
+CHAT_TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"  # SmolLM2's, for one user turn
+
+# Input-grounded tasks: the answer copies the prompt, which is what prompt lookup exploits. The texts are
+# fixed here (not read from this repository's files, which change), so measurements stay comparable.
+GROUNDED_TEXTS = (
+    "The cache keeps the keys and values of every token the model has already seen. When a new token arrives,\n"
+    "the model only computes the keys and values of that one token and reads the rest from the cache. This is\n"
+    "why generating each new token is cheap compared with reading the whole prompt, and why the cache grows by\n"
+    "one entry per layer for every token that the model produces.",
+    "def fibonacci(n: int) -> list[int]:\n"
+    '    """The first n Fibonacci numbers."""\n'
+    "    numbers = [0, 1]\n"
+    "    while len(numbers) < n:\n"
+    "        numbers.append(numbers[-1] + numbers[-2])\n"
+    "    return numbers[:n]\n\n\n"
+    "def is_prime(n: int) -> bool:\n"
+    '    """True when n has no divisor between 2 and its square root."""\n'
+    "    if n < 2:\n"
+    "        return False\n"
+    "    for d in range(2, int(n ** 0.5) + 1):\n"
+    "        if n % d == 0:\n"
+    "            return False\n"
+    "    return True\n",
+    "A library lends books to its members. Each member may borrow up to five books at a time, for three\n"
+    "weeks each. A book that comes back late costs ten cents for every day it is late. Members can renew a\n"
+    "book once, online or at the desk, unless another member has reserved it. Reserved books wait at the desk\n"
+    "for one week before they go back to the shelf.",
+    "def word_counts(text: str) -> dict[str, int]:\n"
+    '    """How often each word occurs in text, ignoring case."""\n'
+    "    counts: dict[str, int] = {}\n"
+    "    for word in text.lower().split():\n"
+    "        counts[word] = counts.get(word, 0) + 1\n"
+    "    return counts\n",
+)
+COPY_INSTRUCTIONS = ("Copy the following text exactly:", "Repeat the following exactly, line by line:")
+
+
+def grounded_prompts(tokenizer: Any, n: int) -> list[list[int]]:
+    """`n` chat prompts asking the model to copy a fixed text (texts, then wordings, cycle), as token ids."""
+    return [tokenizer.encode(CHAT_TEMPLATE.format(
+        f"{COPY_INSTRUCTIONS[(i // len(GROUNDED_TEXTS)) % len(COPY_INSTRUCTIONS)]}\n\n"
+        f"{GROUNDED_TEXTS[i % len(GROUNDED_TEXTS)]}")) for i in range(n)]
 
 
 def speculation(prompts: list[list[int]], configs: dict[str, EngineConfig], sides: Sides, *, output_len: int = 64,

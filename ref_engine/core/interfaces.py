@@ -21,8 +21,7 @@ class ScheduledRequest:
     request_id: str
     token_ids: list[int]
     num_computed_tokens: int  # tokens whose K/V is already cached (the position of token_ids[0])
-    block_ids: list[int]  # the request's whole block table after this step's allocation (the manager's own
-    # list, not a copy, since the simulator builds millions of these: valid until the next `schedule`)
+    block_ids: list[int]  # the request's whole block table after this step's allocation
     needs_logits: bool  # this chunk reaches the last known token, so the step samples a new one
     num_draft_tokens: int = 0  # the last this many of token_ids are draft tokens to verify (lesson 5)
 

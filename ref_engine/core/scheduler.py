@@ -261,7 +261,7 @@ class Scheduler:
                 request_id=request.request_id,
                 token_ids=request.token_ids(start, start + n - num_drafts) + request.spec_token_ids[:num_drafts],
                 num_computed_tokens=start,
-                block_ids=kv.get_block_ids(request.request_id),  # the live table: read it before the next step
+                block_ids=list(kv.get_block_ids(request.request_id)),
                 needs_logits=start + n >= request.num_tokens,
                 num_draft_tokens=num_drafts,
             ))

@@ -117,3 +117,13 @@ def test_memory_stats_without_preemption_recompute_nothing():
     stats = memory_stats(metrics)
     assert stats["recomputed_tokens"] == 0
     assert 0 < stats["live_fraction"] <= 1
+
+
+def test_preemption_cost_measures_the_engine(make_tiny_hf_model):
+    """The measured side of `preemption_cost` (a prefill and a swap on real KV tensors) runs end to end."""
+    from ref_engine.model.loader import load_model
+
+    tiny = load_model(make_tiny_hf_model("llama", name="preemption-cost"), dtype="float32", device="cpu")
+    rows = preemption_cost([4, 16], Sides(model=tiny, hardware="local-cpu"), num_tokens=64)
+    measured = [r for r in rows if r["side"] == "measured"]
+    assert len(measured) == 2 and all(r["swap_ms"] > 0 and r["recompute_ms"] > 0 for r in measured)
