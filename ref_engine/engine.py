@@ -294,12 +294,25 @@ class LLMEngine:
             text = self.tokenizer.decode(request.output_token_ids)
             hits = [(text.find(s), s) for s in request.sampling_params.stop if s in text]
             if hits:
-                index, stop = min(hits)
+                text = self._cut_at_stop(request, len(sampled[request_id]))
+                index, stop = min((text.find(s), s) for s in request.sampling_params.stop if s in text)
                 state = self._states[request_id]
                 state.stop_reason = stop
                 state.stop_text_end = index + len(stop) if request.sampling_params.include_stop_str_in_output else index
                 stopped.append(self.scheduler.finish_request(request_id, RequestStatus.FINISHED_STOPPED, now))
         return stopped
+
+    def _cut_at_stop(self, request: Request, num_new: int) -> str:
+        """Drop this step's tokens after the first one that completes a stop string, as if they had come
+        one per step (a verify step emits several); returns the text of the tokens kept."""
+        stops = request.sampling_params.stop
+        out = request.output_token_ids
+        for keep in range(len(out) - num_new + 1, len(out) + 1):
+            text = self.tokenizer.decode(out[:keep])
+            if any(s in text for s in stops):
+                del out[keep:], request.token_times[keep:]
+                return text
+        raise AssertionError("a stop string was found in the whole text but in none of its prefixes")
 
     def _finish(self, request: Request) -> RequestOutput:
         state = self._states.pop(request.request_id)

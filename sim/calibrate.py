@@ -39,7 +39,10 @@ from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import StepRecord
 from ref_engine.core.workload import Workload
 from ref_engine.model.arch_config import ArchConfig
-from sim.cost_model import ROOFLINE_UNKNOWNS, BatchShape, CostModel
+from sim.cost_model import ROOFLINE_UNKNOWNS, SMALL_BATCH_KNEES, BatchShape, CostModel
+
+# What the fit solves for; a saved profile fitted to another form is stale (load_or_calibrate refits).
+FIT_FORM = f"sum; overheads per step, seq, token, block, first {SMALL_BATCH_KNEES} tokens; flops; attention"
 from sim.hardware import HardwareProfile
 
 # (name, number of requests, prompt length, output length, token budget); every request arrives at once.
@@ -134,13 +137,14 @@ def fit_profile(arch: ArchConfig, steps: list[tuple[str, StepRecord]], *, dtype:
     kinds = [kind for kind, _ in steps]
     w = 1.0 / (y * np.array([kinds.count(kind) for kind in kinds]))
     coef, _ = nnls(X * w[:, None], (y - memory_s) * w)
-    step_s, seq_s, token_s, block_s, s_per_flop, s_per_attention_flop = coef
+    step_s, seq_s, token_s, block_s, small_8_s, small_32_s, s_per_flop, s_per_attention_flop = coef
     tiny = 1e-30  # 1/F fitted to 0 would mean compute is never the bottleneck: an effectively infinite rate
     profile = HardwareProfile(
         name=name, peak_flops={dtype: 1.0 / max(s_per_flop, tiny)},
         attention_efficiency=max(s_per_flop, tiny) / max(s_per_attention_flop, tiny),
         memory_bandwidth=memory_bandwidth, memory_bytes=0.0, step_overhead_s=step_s,
         per_seq_overhead_s=seq_s, per_token_overhead_s=token_s, per_block_overhead_s=block_s,
+        small_batch_token_overheads_s=(small_8_s, small_32_s),
         combine="sum", source="calibrated",
         notes="Effective rates and overheads of ref_engine on this machine (not the chip's peak); valid only "
               "for the device, dtype, threads and model in provenance.",
@@ -174,7 +178,7 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
         "device_type": device.type, "dtype": dtype, "threads": torch.get_num_threads(),
         "torch": torch.__version__, "model": loaded.model_id, "attention": "ref_engine pure-torch paged attention",
-        "block_size": block_size, "date": datetime.date.today().isoformat(),
+        "block_size": block_size, "date": datetime.date.today().isoformat(), "fit_form": FIT_FORM,
     }
     profile, points = fit_profile(loaded.arch, steps, dtype=dtype, memory_bandwidth=bandwidth, block_size=block_size,
                                   name=calibrated_profile_name(device.type, dtype), provenance=provenance)
@@ -188,8 +192,8 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
 
 
 def load_or_calibrate(model: Any = None, *, dtype: str = "float32") -> HardwareProfile:
-    """The saved profile for this device and dtype if it was measured on the same model, else a fresh
-    calibration (saved for next time). Notebooks call this: the first one on a machine pays ~2 minutes."""
+    """The saved profile for this device and dtype if it was measured on the same model and torch and
+    fitted to today's form of the cost model, else a fresh calibration (saved for next time). Notebooks call this: the first one on a machine pays ~2 minutes."""
     import torch
 
     from ref_engine.model.loader import LoadedModel, load_model
@@ -201,7 +205,8 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32") -> HardwareP
     except ValueError:
         profile = None
     if (profile is not None and profile.provenance.get("model") == loaded.model_id
-            and profile.provenance.get("torch") == torch.__version__):
+            and profile.provenance.get("torch") == torch.__version__
+            and profile.provenance.get("fit_form") == FIT_FORM):
         return profile
     return calibrate(loaded, dtype=dtype, verbose=False)
 

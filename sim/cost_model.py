@@ -45,6 +45,10 @@ Time (seconds)
     overhead_s = step_overhead_s + per_seq_overhead_s * N + per_token_overhead_s * T
                  + per_block_overhead_s * blocks,    blocks = sum_i ceil((c_i + q_i) / block_size)
                  (or BatchShape.num_blocks_touched when the caller knows it)
+                 + s_8 * min(T, 8) + s_32 * min(T, 32)    (small_batch_token_overheads_s = (s_8, s_32))
+                 a step's first tokens cost extra where matrix products with few rows run far below peak
+                 (a CPU): with s_8, s_32 >= 0, time stays linear in T past 32 tokens but is steeper below,
+                 the concave decode curve a CPU shows (45 ms at batch 1, 95 at 8, 175 at 64 here)
     comm_s     = 0 if tp == 1, else 2 * L all-reduces (after attention and after the MLP) of T * H * b bytes,
                  each costing interconnect_latency_s + 2 * (tp - 1) / tp * (T * H * b) / interconnect_bandwidth
                  (a ring all-reduce sends and receives 2 (tp - 1) / tp of the buffer per device)
@@ -190,12 +194,14 @@ class StepCost:
 
 # Unknowns of the "sum" form, in the order of `CostModel.roofline_features`:
 # total_s - comm_s = features . (step_overhead_s, per_seq_overhead_s, per_token_overhead_s,
-#                                per_block_overhead_s, 1 / peak_flops, 1 / (peak_flops * attention_efficiency),
-#                                1 / memory_bandwidth)
-ROOFLINE_FEATURE_NAMES = ("steps", "seqs", "tokens", "blocks", "linear_flops_per_device",
-                          "attention_flops_per_device", "bytes_per_device")
+#                                per_block_overhead_s, s_8, s_32, 1 / peak_flops,
+#                                1 / (peak_flops * attention_efficiency), 1 / memory_bandwidth)
+SMALL_BATCH_KNEES = (8, 32)  # tokens: a step's first 8 and first 32 tokens carry an extra fitted cost each
+ROOFLINE_FEATURE_NAMES = ("steps", "seqs", "tokens", "blocks", "tokens_up_to_8", "tokens_up_to_32",
+                          "linear_flops_per_device", "attention_flops_per_device", "bytes_per_device")
 ROOFLINE_UNKNOWNS = ("step_overhead_s", "per_seq_overhead_s", "per_token_overhead_s", "per_block_overhead_s",
-                     "seconds_per_flop", "seconds_per_attention_flop", "seconds_per_byte")
+                     "small_batch_token_s_8", "small_batch_token_s_32", "seconds_per_flop",
+                     "seconds_per_attention_flop", "seconds_per_byte")
 
 
 class CostModel:
@@ -283,8 +289,9 @@ class CostModel:
 
     def _overhead_s(self, num_seqs: int, tokens: int, blocks: int) -> float:
         hw = self.hardware
+        small = sum(c * min(tokens, knee) for c, knee in zip(hw.small_batch_token_overheads_s, SMALL_BATCH_KNEES))
         return (hw.step_overhead_s + hw.per_seq_overhead_s * num_seqs + hw.per_token_overhead_s * tokens
-                + hw.per_block_overhead_s * blocks)
+                + hw.per_block_overhead_s * blocks + small)
 
     def step_time(self, shape: BatchShape) -> float:
         """Seconds for one engine step running `shape`."""
@@ -321,8 +328,8 @@ class CostModel:
         """Design-matrix row of the "sum" form, in the order of ROOFLINE_FEATURE_NAMES.
 
         With combine="sum", step_time(shape) - comm_s == dot(features, unknowns), the unknowns being
-        ROOFLINE_UNKNOWNS (step, per-seq, per-token, per-block overheads, 1 / peak FLOP/s, 1 / attention
-        FLOP/s, 1 / bandwidth).
+        ROOFLINE_UNKNOWNS (step, per-seq, per-token, per-block and small-batch overheads, 1 / peak FLOP/s,
+        1 / attention FLOP/s, 1 / bandwidth).
         Beware collinearity when fitting one model: the weight bytes are nearly constant per step, so
         1/bandwidth trades off against step_overhead_s, and linear FLOPs are proportional to tokens, so
         1/FLOP/s trades off against per_token_overhead_s. Measure bandwidth and FLOP/s with
@@ -332,7 +339,8 @@ class CostModel:
         linear, attention, weights, kv_read, kv_write, activations, _ = self._flops_and_bytes(
             shape, tokens, pairs, ctx_read)
         tp = self.tensor_parallel_size
-        return (1.0, float(shape.num_seqs), float(tokens), float(blocks), linear / tp, attention / tp,
+        small = tuple(float(min(tokens, knee)) for knee in SMALL_BATCH_KNEES)
+        return (1.0, float(shape.num_seqs), float(tokens), float(blocks), *small, linear / tp, attention / tp,
                 (weights + kv_read + kv_write + activations) / tp)
 
     # -- between machines --

@@ -12,6 +12,11 @@ What a profile holds, and why these numbers and no others
     per_token_overhead_s    cost per token in the batch that FLOPs and bytes do not explain
     per_block_overhead_s    cost per KV block touched: block-table indexing and scattered small reads.
                             It is what makes tiny blocks slow, the left side of the block-size U-shape
+    small_batch_token_overheads_s
+                            extra cost per token for the first 8 and the first 32 tokens of a step
+                            (`cost_model.SMALL_BATCH_KNEES`): a matrix product with few rows runs far below
+                            peak on a CPU, so a step's first tokens cost more than later ones, and decode
+                            time is concave in batch size. Fitted by calibration; empty on datasheets
     interconnect_*          GPU-to-GPU link inside one machine (NVLink): tensor-parallel all-reduces
     network_*               link between machines (InfiniBand/Ethernet): KV transfer in PD disaggregation
 
@@ -71,6 +76,7 @@ class HardwareProfile:
     per_seq_overhead_s: float = 0.0
     per_token_overhead_s: float = 0.0
     per_block_overhead_s: float = 0.0
+    small_batch_token_overheads_s: tuple[float, ...] = ()  # one per cost_model.SMALL_BATCH_KNEES
     interconnect_bandwidth: float = 0.0  # bytes/s per direction per device (NVLink), 0 = none
     interconnect_latency_s: float = 0.0  # fixed cost of one collective / one message
     network_bandwidth: float = 0.0  # bytes/s per device between machines, 0 = none
@@ -102,6 +108,10 @@ class HardwareProfile:
                      "network_bandwidth", "network_latency_s", "memory_bytes"):
             if getattr(self, knob) < 0:
                 raise ValueError(f"profile {self.name!r}: {knob} must be >= 0, got {getattr(self, knob)}")
+        self.small_batch_token_overheads_s = tuple(self.small_batch_token_overheads_s)  # JSON gives a list
+        if len(self.small_batch_token_overheads_s) > 2 or any(c < 0 for c in self.small_batch_token_overheads_s):
+            raise ValueError(f"profile {self.name!r}: small_batch_token_overheads_s must hold at most 2 values "
+                             f">= 0, got {self.small_batch_token_overheads_s}")
 
     def flops_for(self, dtype: str) -> float:
         """Peak dense FLOP/s for `dtype`; ValueError naming the dtypes this profile knows."""

@@ -135,3 +135,18 @@ def test_no_blocks_leak_after_aborts_and_preemption_with_a_draft_model(loaded, p
     assert engine.scheduler.kv_cache_manager.block_pool.num_free_blocks == engine.num_kv_blocks
     assert engine.proposer.block_pool.num_free_blocks == engine.num_kv_blocks
     assert not engine.proposer.block_tables
+
+
+@pytest.mark.parametrize("proposer", list(PROPOSERS))
+def test_stop_strings_end_speculative_output_where_plain_output_ends(proposer, loaded, prompts):
+    """A verify step appends several tokens at once; those after the one completing a stop string must go,
+    so token ids and text equal the non-speculative run's."""
+    plain = LLM(loaded, max_model_len=1024)
+    texts = [o.outputs[0].text for o in plain.generate(prompts[:8], GREEDY, use_tqdm=False)]
+    params = [SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, stop=[t[12:14]]) for t in texts]
+    expected = plain.generate(prompts[:8], params, use_tqdm=False)
+    spec = LLM(loaded, max_model_len=1024, speculative_disable_by_batch_size=None, **PROPOSERS[proposer])
+    got = spec.generate(prompts[:8], params, use_tqdm=False)
+    for e, g in zip(expected, got):
+        assert e.outputs[0].finish_reason == g.outputs[0].finish_reason == "stop"
+        assert (g.outputs[0].token_ids, g.outputs[0].text) == (e.outputs[0].token_ids, e.outputs[0].text)

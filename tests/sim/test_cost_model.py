@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from itertools import pairwise
 
 import pytest
@@ -102,11 +103,25 @@ def test_sum_combine_and_roofline_features(tiny, toy_hw):
     assert model.step_time(shape) > CostModel(tiny, toy_hw, block_size=4).step_time(shape)
     features = model.roofline_features(shape)
     assert len(features) == len(ROOFLINE_FEATURE_NAMES) == len(ROOFLINE_UNKNOWNS)
-    assert features == (1.0, 2.0, 2.0, 3.0, cost.linear_flops, cost.attention_flops, 4304.0)
+    assert features == (1.0, 2.0, 2.0, 3.0, 2.0, 2.0, cost.linear_flops, cost.attention_flops, 4304.0)
     assert cost.linear_flops + cost.attention_flops == 6464.0
     unknowns = (toy_hw.step_overhead_s, toy_hw.per_seq_overhead_s, toy_hw.per_token_overhead_s,
-                toy_hw.per_block_overhead_s, 1 / 2e8, 1 / 2e8, 1 / 1e8)
+                toy_hw.per_block_overhead_s, 0.0, 0.0, 1 / 2e8, 1 / 2e8, 1 / 1e8)
     assert sum(f * u for f, u in zip(features, unknowns, strict=True)) == pytest.approx(model.step_time(shape))
+
+
+def test_small_batch_overheads_make_step_time_concave_in_tokens(tiny, toy_hw):
+    # s_8 = 2e-5 s on each of a step's first 8 tokens, s_32 = 1e-5 s on each of its first 32
+    steep = CostModel(tiny, replace(toy_hw, small_batch_token_overheads_s=(2e-5, 1e-5)), block_size=4)
+    plain = CostModel(tiny, toy_hw, block_size=4)
+    def extra(batch: int) -> float:
+        return steep.step_time(BatchShape.decode(batch, 8)) - plain.step_time(BatchShape.decode(batch, 8))
+    assert extra(1) == pytest.approx(3e-5)
+    assert extra(8) == pytest.approx(8 * 3e-5)
+    assert extra(20) == pytest.approx(8 * 2e-5 + 20 * 1e-5)
+    assert extra(64) == pytest.approx(extra(32)) == pytest.approx(8 * 2e-5 + 32 * 1e-5)  # flat past the knees
+    with pytest.raises(ValueError, match="small_batch_token_overheads_s"):
+        replace(toy_hw, small_batch_token_overheads_s=(-1e-5,))
 
 
 def test_tensor_parallel_by_hand(tiny, toy_hw):
