@@ -292,8 +292,7 @@ class LLMEngine:
             if request is None or request_id in done or not request.sampling_params.stop:
                 continue
             text = self.tokenizer.decode(request.output_token_ids)
-            hits = [(text.find(s), s) for s in request.sampling_params.stop if s in text]
-            if hits:
+            if any(s in text for s in request.sampling_params.stop):
                 text = self._cut_at_stop(request, len(sampled[request_id]))
                 index, stop = min((text.find(s), s) for s in request.sampling_params.stop if s in text)
                 state = self._states[request_id]

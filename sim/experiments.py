@@ -787,6 +787,13 @@ def _prefix_config(block_size: int, caching: bool, num_kv_blocks: int, max_num_s
                         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
 
 
+def _warmup(num_groups: int, prefix_len: int, suffix_len: LengthSpec, seed: int) -> Workload:
+    """One request per group of `Workload.shared_prefix(num_groups, ..., seed=seed)`: the group's prefix,
+    another suffix, one output token. Served first, it leaves the prefixes cached for the measured run."""
+    return Workload.shared_prefix(num_groups, 1, prefix_len, suffix_len, 1, seed=seed + 1, prefix_seed=seed,
+                                  name="warm-up")
+
+
 def _with_hits(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mark each simulated row paired with a measured one: did both sides hit the same number of tokens?"""
     for measured, simulated in pairs(rows):
@@ -807,8 +814,7 @@ def shared_prefix_ttft(prefix_lens: Iterable[int], sides: Sides, *, num_groups: 
     simulated rows, `same_hits` (the core decides hits, so they must be equal)."""
     jobs = []
     for prefix_len in prefix_lens:
-        warmup = Workload.shared_prefix(num_groups, 1, prefix_len, suffix_len, 1, seed=seed + 1, prefix_seed=seed,
-                                        name="warm-up")
+        warmup = _warmup(num_groups, prefix_len, suffix_len, seed)
         workload = Workload.shared_prefix(num_groups, requests_per_group, prefix_len, suffix_len, output_len,
                                           seed=seed, name=f"prefix-{prefix_len}")
         for caching in (False, True):
@@ -823,11 +829,12 @@ def hit_rate_sweep(prefix_lens: Iterable[int], block_sizes: Iterable[int], *, re
                    suffix_len: int = 50, seed: int = 0) -> list[dict[str, Any]]:
     """Simulated hit rate after a warm-up, for each shared-prefix length and block size, next to the
     formula: only whole blocks hit, so hits = min(floor(prefix_len / block_size) * block_size, prompt_len - 1)
-    per request. A prefix shorter than one block never hits. (The core decides hits: no engine run is needed to know them.)"""
+    per request. A prefix shorter than one block never hits. (The core decides hits: no engine run is needed
+    to know them.)"""
     rows = []
     for block_size in block_sizes:
         for prefix_len in prefix_lens:
-            warmup = Workload.shared_prefix(1, 1, prefix_len, suffix_len, 1, seed=seed + 1, prefix_seed=seed)
+            warmup = _warmup(1, prefix_len, suffix_len, seed)
             workload = Workload.shared_prefix(1, requests_per_group, prefix_len, suffix_len, 4, seed=seed)
             config = _prefix_config(block_size, True, num_kv_blocks=4096 // block_size + 64)
             metrics = Sides(measure=False).simulator(config).run_rounds([warmup, workload])[-1]
@@ -862,8 +869,7 @@ def tenant_isolation(sides: Sides, *, prefix_len: int = 512, suffix_len: int = 1
     """Tenant A sends a prompt; then the same prompt arrives from A again, from tenant B, and from A with a
     `cache_salt`. Only A's unsalted repeat may hit: B must see a cold TTFT, or B could learn from timing
     alone that someone already sent that prompt (the side channel)."""
-    warmup = Workload.shared_prefix(1, 1, prefix_len, suffix_len, 1, seed=seed + 1, prefix_seed=seed,
-                                    name="tenant-A").with_tenant("A")
+    warmup = _warmup(1, prefix_len, suffix_len, seed).with_tenant("A")
     probe = Workload.shared_prefix(1, 1, prefix_len, suffix_len, output_len, seed=seed, name="probe")
     config = _prefix_config(block_size, True, num_kv_blocks)
     senders = {"A": ("A", None), "B": ("B", None), "A, salted": ("A", "s1")}

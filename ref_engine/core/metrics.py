@@ -11,9 +11,10 @@ Prefix caching is counted in prompt tokens, as vLLM's `prefix_cache_queries`/`pr
 request's prompt tokens are queries, its `num_cached_tokens` (the hit at its first scheduling) are hits.
 
 `StepRecord` is one executed step (its batch shape and duration): what calibration fits and what timeline
-plots draw. Its `proposed` entries record the drafts each request brought to the step, and its `verified` entries, (request id, draft tokens, accepted drafts) for each request that
-verified drafts, give the speculative-decoding counts (lesson 5): tokens drafted and accepted, the mean
-acceptance length (tokens a verify step emits: accepted + 1) and the acceptance rate by draft position.
+plots draw. Its `proposed` entries record the drafts each request brought to the step, and its `verified`
+entries, (request id, draft tokens, accepted drafts) for each request that verified drafts, give the
+speculative-decoding counts (lesson 5): tokens drafted and accepted, the mean acceptance length (tokens a
+verify step emits: accepted + 1) and the acceptance rate by draft position.
 
 Lesson: lessons/01-continuous-batching.md (measuring a server).
 """

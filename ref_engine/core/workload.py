@@ -157,10 +157,10 @@ class Workload:
         rng = random.Random(self.seed + 1)
         low = min(100, vocab_size // 2)
         streams: dict[int, list[int]] = {}
+        prefix_seed = self.seed if self.prefix_seed is None else self.prefix_seed
         for w in self.requests:
             if w.prefix_group is not None and w.prefix_len > len(streams.get(w.prefix_group, ())):
                 # a group's stream comes from its own seed, so it is the same in every workload (chat turns)
-                prefix_seed = self.seed if self.prefix_seed is None else self.prefix_seed
                 group_rng = random.Random(f"{prefix_seed}:prefix:{w.prefix_group}")
                 streams[w.prefix_group] = group_rng.choices(range(low, vocab_size), k=w.prefix_len)
         out = []
