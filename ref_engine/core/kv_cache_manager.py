@@ -217,12 +217,17 @@ class KVCacheManager:
         case nothing changes and the scheduler must wait or preempt.
         """
         table = self.block_tables.get(request.request_id)
-        shared = prefix.blocks[:-1] if prefix.blocks and prefix.needs_copy(self.block_size) else prefix.blocks
-        held = (len(table) if table is not None else 0) + len(shared)
         num_tokens = request.num_computed_tokens + prefix.num_tokens + num_new_tokens
-        missing = cdiv(self.tokens_to_hold(request, num_tokens), self.block_size) - held
-        if missing <= 0 and not shared:
-            return []  # the common decode step: the last block still has room
+        if not prefix.blocks:  # the hot path: a running request (in a decode step, its last block has room)
+            missing = cdiv(self.tokens_to_hold(request, num_tokens), self.block_size) - (
+                len(table) if table is not None else 0)
+            if missing <= 0:
+                return []
+            shared = prefix.blocks
+        else:
+            shared = prefix.blocks[:-1] if prefix.needs_copy(self.block_size) else prefix.blocks
+            held = (len(table) if table is not None else 0) + len(shared)
+            missing = cdiv(self.tokens_to_hold(request, num_tokens), self.block_size) - held
         pool = self.block_pool
         reclaimed = sum(1 for b in shared if pool.ref_cnt[b] == 0)  # hits that sit in the free queue
         if max(missing, 0) + reclaimed > pool.num_free_blocks:
