@@ -119,3 +119,10 @@ def test_engine_and_simulator_hit_the_same_tokens(tiny_sides):
     assert len(compared) == 6 + 2 + 3 + 6
     assert all(simulated["same_hits"] for _, simulated in compared)
     assert any(measured["prefix_cache_hits"] > 0 for measured, _ in compared)
+
+
+def test_shared_prefix_names_bad_arguments():
+    with pytest.raises(ValueError, match="num_groups and requests_per_group must be >= 1"):
+        Workload.shared_prefix(0, 1, 10, 5, 1)
+    with pytest.raises(ValueError, match="at least one token"):
+        Workload.shared_prefix(1, 1, 0, 0, 1)
