@@ -43,8 +43,15 @@ from ref_engine.core.request import Request
 from ref_engine.model.arch_config import ArchConfig
 from ref_engine.model.loader import LoadedModel, load_model
 from ref_engine.runner import ModelRunner
-from ref_engine.sampler import (Sampler, SamplerOutput, SamplingMetadata, apply_token_bans, process_logits,
-                                softmax_probs, with_logprobs)
+from ref_engine.sampler import (
+    Sampler,
+    SamplerOutput,
+    SamplingMetadata,
+    apply_token_bans,
+    process_logits,
+    softmax_probs,
+    with_logprobs,
+)
 
 
 @dataclass

@@ -28,6 +28,7 @@ Lesson: lessons/01-continuous-batching.md (the cost of a step).
 from __future__ import annotations
 
 import datetime
+import math
 import platform
 from dataclasses import dataclass
 from typing import Any
@@ -40,10 +41,10 @@ from ref_engine.core.metrics import StepRecord
 from ref_engine.core.workload import Workload
 from ref_engine.model.arch_config import ArchConfig
 from sim.cost_model import ROOFLINE_UNKNOWNS, SMALL_BATCH_KNEES, BatchShape, CostModel
+from sim.hardware import HardwareProfile
 
 # What the fit solves for; a saved profile fitted to another form is stale (load_or_calibrate refits).
 FIT_FORM = f"sum; overheads per step, seq, token, block, first {SMALL_BATCH_KNEES} tokens; flops; attention"
-from sim.hardware import HardwareProfile
 
 # (name, number of requests, prompt length, output length, token budget); every request arrives at once.
 # Decode points: B requests decode together at context ~prompt length. Prefill points: one prompt, one
@@ -56,6 +57,11 @@ CALIBRATION_GRID: tuple[tuple[str, int, int, int, int], ...] = (
     ("prefill", 1, 1024, 1, 1024), ("prefill", 1, 1024, 1, 256),
     ("mixed", 12, 300, 16, 128),
 )
+
+# Rows of CALIBRATION_GRID timed again whenever a saved profile is loaded (decode 4 x 64, prefill 1 x 256:
+# about a second each), and the relative change in their time beyond which the profile counts as stale.
+DRIFT_PROBE = (1, 10)
+DRIFT_TOLERANCE = 0.10
 
 
 @dataclass(frozen=True)
@@ -186,14 +192,58 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
         print(format_fit(points))
         print(f"mean |error| {profile.provenance['fit_mean_abs_error_pct']}%, "
               f"p90 {profile.provenance['fit_p90_abs_error_pct']}% over {len(points)} steps")
+    profile.provenance["drift_probe_s"] = time_drift_probe(loaded, seed)
     if save:
-        print(f"saved {profile.save()}" if verbose else "", end="\n" if verbose else "")
+        path = profile.save()
+        if verbose:
+            print(f"saved {path}")
     return profile
 
 
+def time_drift_probe(loaded: Any, seed: int = 0) -> list[float]:
+    """Seconds the engine takes now for the `DRIFT_PROBE` grid runs (the fastest of three, so the first,
+    which pays one-time costs, never counts)."""
+    from ref_engine import bench
+
+    runs = grid_workloads(seed)
+    return [min(bench.run(runs[i][1], runs[i][2], model=loaded).duration for _ in range(3)) for i in DRIFT_PROBE]
+
+
+def _probe_ratios(profile: HardwareProfile, loaded: Any) -> list[float] | None:
+    """Now / then for each drift-probe run (None for a profile saved without probe times)."""
+    then = profile.provenance.get("drift_probe_s")
+    if not then:
+        return None
+    return [now / old for now, old in zip(time_drift_probe(loaded), then)]
+
+
+def drift(profile: HardwareProfile, loaded: Any) -> float | None:
+    """How far this machine's speed has moved since `profile` was calibrated: the largest |now / then - 1|
+    over the drift probe's runs (None for a profile saved without probe times)."""
+    ratios = _probe_ratios(profile, loaded)
+    return None if ratios is None else max(abs(r - 1) for r in ratios)
+
+
+def reanchored(profile: HardwareProfile, loaded: Any) -> HardwareProfile:
+    """`profile` retimed to this machine's speed now: by the geometric mean of the drift probe's now / then.
+
+    The probe runs are grid runs, not the workload about to be judged, so this corrects for the machine
+    (a shared VM runs tens of percent faster or slower from one minute to the next) without absorbing the
+    cost model's own errors on that workload."""
+    ratios = _probe_ratios(profile, loaded)
+    if ratios is None:
+        raise ValueError(f"profile {profile.name!r} has no drift probe times; recalibrate it (sim.calibrate)")
+    return profile.retimed(math.prod(ratios) ** (1 / len(ratios)))
+
+
 def load_or_calibrate(model: Any = None, *, dtype: str = "float32") -> HardwareProfile:
-    """The saved profile for this device and dtype if it was measured on the same model and torch and
-    fitted to today's form of the cost model, else a fresh calibration (saved for next time). Notebooks call this: the first one on a machine pays ~2 minutes."""
+    """The saved profile for this device and dtype, if it was measured on the same model and torch, fitted
+    to today's form of the cost model, and the machine still runs the drift probe within `DRIFT_TOLERANCE`
+    of calibration time (a few seconds to check); else a fresh calibration, saved for next time.
+
+    Notebooks call this: the first one on a machine pays ~2 minutes. The probe is there because a shared
+    machine's speed drifts by tens of percent over an hour, and a profile from a faster or slower hour
+    makes every simulated-vs-measured comparison wrong by that much."""
     import torch
 
     from ref_engine.model.loader import LoadedModel, load_model
@@ -207,7 +257,11 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32") -> HardwareP
     if (profile is not None and profile.provenance.get("model") == loaded.model_id
             and profile.provenance.get("torch") == torch.__version__
             and profile.provenance.get("fit_form") == FIT_FORM):
-        return profile
+        moved = drift(profile, loaded)
+        if moved is not None and moved <= DRIFT_TOLERANCE:
+            return profile
+        print("the saved profile is stale: " + ("it has no drift probe times" if moved is None else
+              f"this machine's speed moved {100 * moved:.0f}% since it was calibrated") + "; recalibrating (~2 min)")
     return calibrate(loaded, dtype=dtype, verbose=False)
 
 

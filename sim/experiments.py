@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from statistics import median
+from statistics import fmean, median
 from typing import Any
 
 import simpy
@@ -980,7 +980,10 @@ def speedups(rows: Iterable[dict[str, Any]], baseline: str = "off", by: tuple[st
 def speculation_batch_sweep(batch_sizes: Iterable[int], acceptance_rate: float, sides: Sides, *, k: int = 5,
                             prompt_len: int = 128, output_len: int = 128) -> list[dict[str, Any]]:
     """Simulated speed-up of speculation (threshold off) over plain decoding as the batch grows, at a fixed
-    acceptance rate: where memory-bound decode turns compute-bound, verifying k drafts stops being free."""
+    acceptance rate: where memory-bound decode turns compute-bound, verifying k drafts stops being free.
+
+    Each row also carries `verify_cost`, a mean verify step's time over a mean plain decode step's: the
+    speed-up is about tokens_per_step / verify_cost, so the two columns say why it falls."""
     from sim.spec_decode import AcceptanceRate
 
     rows = []
@@ -995,5 +998,10 @@ def speculation_batch_sweep(batch_sizes: Iterable[int], acceptance_rate: float, 
                          acceptance=AcceptanceRate((acceptance_rate,), seed=batch)).run(workload)
         rows.append({"batch": batch, "plain_tok_s": plain.output_throughput, "spec_tok_s": spec.output_throughput,
                      "speedup": spec.output_throughput / plain.output_throughput,
-                     "tokens_per_step": spec.mean_acceptance_length})
+                     "tokens_per_step": spec.mean_acceptance_length,
+                     "verify_cost": _mean_step_s(spec) / _mean_step_s(plain)})
     return rows
+
+
+def _mean_step_s(metrics: RunMetrics) -> float:
+    return fmean(step.duration for step in metrics.steps)

@@ -142,6 +142,29 @@ class HardwareProfile:
                         "compute_efficiency": compute, "memory_efficiency": memory},
         )
 
+    def retimed(self, factor: float) -> HardwareProfile:
+        """A copy on which every step takes `factor` times as long: overheads times `factor`, FLOP/s and
+        bandwidths divided by it. The same machine in a slower (> 1) or faster (< 1) state, which is how a
+        shared VM drifts; `sim.calibrate.reanchored` measures the factor, the shape of the fit is kept."""
+        if not factor > 0:
+            raise ValueError(f"a time factor must be > 0, got {factor}")
+        return replace(
+            self,
+            name=f"{self.name} (x{factor:.2f} time)",
+            peak_flops={dtype: rate / factor for dtype, rate in self.peak_flops.items()},
+            memory_bandwidth=self.memory_bandwidth / factor,
+            step_overhead_s=self.step_overhead_s * factor,
+            per_seq_overhead_s=self.per_seq_overhead_s * factor,
+            per_token_overhead_s=self.per_token_overhead_s * factor,
+            per_block_overhead_s=self.per_block_overhead_s * factor,
+            small_batch_token_overheads_s=tuple(c * factor for c in self.small_batch_token_overheads_s),
+            interconnect_bandwidth=self.interconnect_bandwidth / factor,
+            interconnect_latency_s=self.interconnect_latency_s * factor,
+            network_bandwidth=self.network_bandwidth / factor,
+            network_latency_s=self.network_latency_s * factor,
+            provenance={**self.provenance, "retimed_from": self.name, "time_factor": factor},
+        )
+
     # ---- JSON ----
 
     def to_dict(self) -> dict[str, Any]:

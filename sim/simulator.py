@@ -39,8 +39,8 @@ from ref_engine.core.workload import Workload
 from ref_engine.model.arch_config import DEFAULT_MODEL_NAME, ArchConfig
 from sim.cost_model import CostModel, kv_cache_num_blocks
 from sim.executor import CostModelTimer, SimulatedExecutor, StepTimer
-from sim.spec_decode import AcceptanceModel, DraftCostTimer, SimulatedProposer
 from sim.hardware import DEFAULT_CPU_PROFILE, HardwareProfile, dtype_bytes, load_calibrated_profile
+from sim.spec_decode import AcceptanceModel, DraftCostTimer, SimulatedProposer
 
 
 def default_hardware() -> HardwareProfile:

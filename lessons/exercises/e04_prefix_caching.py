@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ref_engine.core.block_hash import hash_block_tokens  # one link of the chain: use it, don't rewrite it
+from ref_engine.core.block_hash import hash_block_tokens  # noqa: F401  (one link of the chain: use it, don't rewrite it)
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, extra_keys: bytes = b"") -> list[bytes]:

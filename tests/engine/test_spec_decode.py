@@ -11,12 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 from scipy.stats import chi2_contingency, chisquare
+from test_engine import GREEDY, loaded, prompts, reference, tiny  # noqa: F401  (fixtures)
 
 from ref_engine import LLM, LLMEngine, SamplingParams
 from ref_engine.sampler import Sampler, SamplingMetadata
 from ref_engine.spec_decode import Draft, RejectionSampler, ngram_lookup
-
-from test_engine import GREEDY, loaded, prompts, reference, tiny  # noqa: F401  (fixtures)
 
 ALPHA = 1e-3  # chi-square tests fail by chance once in a thousand seeds; the seeds are fixed, so never
 PROPOSERS = {"ngram": dict(speculative_method="ngram", prompt_lookup_min=1),

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ref_engine.core import EngineConfig, Workload
-from ref_engine.core.workload import WorkloadRequest
 from ref_engine.core.block_hash import extend_block_hashes, hash_block_tokens, isolation_key
 from ref_engine.core.kv_cache_manager import KVCacheManager
 from ref_engine.core.request import Request
+from ref_engine.core.workload import WorkloadRequest
 from sim.experiments import hit_rate_sweep
 from sim.simulator import Simulator
 

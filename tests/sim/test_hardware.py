@@ -145,3 +145,19 @@ def test_validation_and_dtype_lookup():
     assert dtype_bytes("bfloat16") == 2 and dtype_bytes("float32") == 4
     with pytest.raises(ValueError, match="bfloat16"):
         dtype_bytes("bf16")
+
+
+@pytest.mark.parametrize("name", ["h100-sxm", "local-cpu"])
+def test_retimed_profile_scales_every_step_time(name):
+    from sim.cost_model import BatchShape, CostModel
+    from sim.simulator import resolve_model
+
+    profile = HardwareProfile.named(name)
+    slower = profile.retimed(1.5)
+    assert slower.provenance["time_factor"] == 1.5 and slower.provenance["retimed_from"] == profile.name
+    arch = resolve_model("llama-3.1-8b")
+    for shape in (BatchShape.decode(32, 700), BatchShape((512, 1), (0, 900))):
+        before = CostModel(arch, profile, dtype="bfloat16").step_time(shape)
+        assert CostModel(arch, slower, dtype="bfloat16").step_time(shape) == pytest.approx(1.5 * before)
+    with pytest.raises(ValueError, match="time factor"):
+        profile.retimed(0)
