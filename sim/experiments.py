@@ -71,18 +71,7 @@ def run_pair(workload: Workload, config: EngineConfig, sides: Sides, *, warmup: 
     `warmup`, when given, is served first on the same engine and not measured (a warm prefix cache). The
     engine runs `sides.repeats` times and the fastest run is kept, as calibration keeps the fastest step:
     on a shared machine other processes only ever slow a run down."""
-    job = _Job(workload, config, labels, warmup=(warmup,) if warmup else ())
-    simulated = job.run_simulated(sides)
-    rows = []
-    measured = None
-    if sides.measure:
-        runs = [job.run_measured(sides.model) for _ in range(sides.repeats)]
-        measured = min(runs, key=lambda m: m.duration)
-        spread = 100.0 * (max(r.duration for r in runs) / measured.duration - 1)  # the repeats' own disagreement
-        rows.append({**_row(measured, "measured", labels), "slowdown": machine_slowdown(measured, sides),
-                     "repeat_spread_pct": spread})
-    rows.append(_row(simulated, "simulated", labels, reference=measured))
-    return rows
+    return _paired_rows([_Job(workload, config, labels, warmup=(warmup,) if warmup else ())], sides)
 
 
 def machine_slowdown(measured: RunMetrics, sides: Sides) -> float:
@@ -131,7 +120,7 @@ def error_check(rows: Iterable[dict[str, Any]], fields: Iterable[str], tolerance
     return problems, skipped
 
 
-_NOT_LABELS = {"side", "metrics", "slowdown"}
+_NOT_LABELS = {"side", "metrics", "slowdown", "repeat_spread_pct"}
 
 
 def _is_metric(key: str) -> bool:
@@ -515,21 +504,21 @@ def _paired_rows(jobs: list[_Job], sides: Sides, simulate: Any = None) -> list[d
     interleaved: every job once, then every job again, and the fastest run of each kept. A burst of load
     from another process then slows one run of a job rather than all of them. `simulate(job)` returns
     (RunMetrics, extra columns for the simulated row); by default the sides' simulator runs the workload."""
-    measured: dict[int, RunMetrics] = {}
+    runs: dict[int, list[RunMetrics]] = {}
     if sides.measure:
         for _ in range(sides.repeats):
             for i, job in enumerate(jobs):
                 if job.measure:
-                    run = job.run_measured(sides.model)
-                    if i not in measured or run.duration < measured[i].duration:
-                        measured[i] = run
+                    runs.setdefault(i, []).append(job.run_measured(sides.model))
     rows = []
     for i, job in enumerate(jobs):
         simulated, extra = simulate(job) if simulate else (job.run_simulated(sides), {})
-        if i in measured:
-            rows.append({**_row(measured[i], "measured", job.labels),
-                         "slowdown": machine_slowdown(measured[i], sides)})
-        rows.append({**_row(simulated, "simulated", job.labels, reference=measured.get(i)), **extra})
+        fastest = min(runs[i], key=lambda m: m.duration) if i in runs else None
+        if fastest is not None:
+            slowest = max(m.duration for m in runs[i])
+            rows.append({**_row(fastest, "measured", job.labels), "slowdown": machine_slowdown(fastest, sides),
+                         "repeat_spread_pct": 100.0 * (slowest / fastest.duration - 1)})  # the runs' disagreement
+        rows.append({**_row(simulated, "simulated", job.labels, reference=fastest), **extra})
     return rows
 
 
