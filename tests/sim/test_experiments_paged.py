@@ -1,4 +1,4 @@
-"""Lesson 2's experiment functions (sim/experiments.py, "lesson 2" section), simulator side only: the KV
+"""Lesson 2's experiment functions (sim/experiments/paged.py), simulator side only: the KV
 arithmetic, the allocation modes' memory numbers, the block-size U-shape on a GPU profile, preemption by
 recompute and swap, and the swap copy model. No engine, no timing asserts: every number here is decided by
 the shared core or by the deterministic cost model."""

@@ -1,4 +1,4 @@
-"""Lesson 4's experiment functions (sim/experiments.py, "lesson 4" section) and the workloads they use.
+"""Lesson 4's experiment functions (sim/experiments/prefix.py) and the workloads they use.
 
 Simulator side: hit rates are decided by the shared core, so they are checked exactly (against the
 whole-block formula, the LRU cliff, tenant isolation). Engine side: a tiny random model serves the same

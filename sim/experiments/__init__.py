@@ -1,0 +1,123 @@
+"""Every lesson experiment, once: the same workload through the simulator and the real engine, as a table.
+
+Each function returns a list of rows (plain dicts, one per configuration and side) that a notebook prints,
+plots and asserts on. The columns are `RunMetrics` fields plus `side` ("measured" | "simulated") and, on
+simulated rows, `*_err_pct`: the simulated number's error relative to the measured one. The engine is only
+imported when a measured side is asked for, so simulator-only sweeps run without torch.
+
+Rule of the house (shared/CURRICULUM.md): numbers the shared core decides (steps, batch composition,
+preemptions) must be identical on both sides for workloads whose arrivals do not depend on timing; only
+times may differ, and every table shows by how much.
+
+One module per lesson, on top of what they share:
+    common.py        Sides, run_pair, rows, policy checks, drift checks, tables
+    batching.py      lesson 1: the cost of a step, static vs continuous batching, load and capacity
+    paged.py         lesson 2: KV arithmetic, allocators, block size, preemption by recompute or swap
+    prefix.py        lesson 4: prefix caching
+    speculation.py   lesson 5: speculative decoding
+Notebooks import the package (`import sim.experiments as ex`); everything public is re-exported here.
+"""
+
+from sim.experiments.batching import (
+    capacity,
+    load_sweep,
+    plot_timeline,
+    static_vs_continuous,
+    step_cost,
+    throughput_ratios,
+)
+from sim.experiments.common import (
+    COMPARED,
+    POLICY_COUNTS,
+    Sides,
+    drift_note,
+    error_check,
+    format_table,
+    machine_slowdown,
+    pairs,
+    run_pair,
+    same_policy,
+)
+from sim.experiments.paged import (
+    ALLOCATION_MODES,
+    KV_MODELS,
+    PCIE4_BATCHED,
+    PCIE4_PER_BLOCK,
+    SwapLink,
+    SwapPricingTimer,
+    allocation_modes,
+    block_size_sweep,
+    engine_kv_bytes,
+    host_copy_link,
+    kv_cache_sizes,
+    memory_stats,
+    plot_memory,
+    pool_squeeze,
+    preemption_cost,
+    preemption_modes,
+    same_memory,
+)
+from sim.experiments.prefix import (
+    chat_replay,
+    eviction_sweep,
+    hit_rate_sweep,
+    shared_prefix_ttft,
+    tenant_isolation,
+)
+from sim.experiments.speculation import (
+    CHAT_TEMPLATE,
+    COPY_INSTRUCTIONS,
+    GROUNDED_TEXTS,
+    grounded_prompts,
+    speculation,
+    speculation_batch_sweep,
+    speedups,
+)
+
+__all__ = [
+    "COMPARED",
+    "POLICY_COUNTS",
+    "Sides",
+    "run_pair",
+    "machine_slowdown",
+    "drift_note",
+    "error_check",
+    "pairs",
+    "same_policy",
+    "format_table",
+    "step_cost",
+    "static_vs_continuous",
+    "throughput_ratios",
+    "capacity",
+    "load_sweep",
+    "plot_timeline",
+    "KV_MODELS",
+    "ALLOCATION_MODES",
+    "kv_cache_sizes",
+    "engine_kv_bytes",
+    "memory_stats",
+    "same_memory",
+    "allocation_modes",
+    "plot_memory",
+    "block_size_sweep",
+    "SwapLink",
+    "PCIE4_PER_BLOCK",
+    "PCIE4_BATCHED",
+    "host_copy_link",
+    "SwapPricingTimer",
+    "preemption_modes",
+    "pool_squeeze",
+    "preemption_cost",
+    "shared_prefix_ttft",
+    "hit_rate_sweep",
+    "eviction_sweep",
+    "tenant_isolation",
+    "chat_replay",
+    "CHAT_TEMPLATE",
+    "GROUNDED_TEXTS",
+    "COPY_INSTRUCTIONS",
+    "grounded_prompts",
+    "speculation",
+    "speedups",
+    "speculation_batch_sweep",
+]

@@ -1,0 +1,123 @@
+"""Lesson 4's experiments: prefix caching (warm-prefix TTFT, hit rates, eviction, tenant isolation, chat).
+
+Lesson: lessons/04-prefix-caching.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ref_engine.core.config import EngineConfig
+from ref_engine.core.workload import LengthSpec, Workload
+from sim.experiments.common import Sides, _Job, _paired_rows, pairs
+
+
+def _prefix_config(block_size: int, caching: bool, num_kv_blocks: int, max_num_seqs: int = 16,
+                   max_num_batched_tokens: int = 2048) -> EngineConfig:
+    return EngineConfig(block_size=block_size, enable_prefix_caching=caching, num_kv_blocks=num_kv_blocks,
+                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+
+
+def _warmup(num_groups: int, prefix_len: int, suffix_len: LengthSpec, seed: int) -> Workload:
+    """One request per group of `Workload.shared_prefix(num_groups, ..., seed=seed)`: the group's prefix,
+    another suffix, one output token. Served first, it leaves the prefixes cached for the measured run."""
+    return Workload.shared_prefix(num_groups, 1, prefix_len, suffix_len, 1, seed=seed + 1, prefix_seed=seed,
+                                  name="warm-up")
+
+
+def _with_hits(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mark each simulated row paired with a measured one: did both sides hit the same number of tokens?"""
+    for measured, simulated in pairs(rows):
+        simulated["same_hits"] = measured["prefix_cache_hits"] == simulated["prefix_cache_hits"]
+    return rows
+
+
+def shared_prefix_ttft(prefix_lens: Iterable[int], sides: Sides, *, num_groups: int = 1,
+                       requests_per_group: int = 8, suffix_len: LengthSpec = 50, output_len: LengthSpec = 16,
+                       block_size: int = 16, num_kv_blocks: int = 512, max_num_batched_tokens: int = 2048,
+                       seed: int = 0) -> list[dict[str, Any]]:
+    """A shared system prompt of each length in `prefix_lens`, cache off vs on (CURRICULUM row 4).
+
+    One request per group warms the cache first (not measured); then `requests_per_group` requests per
+    group, each the group's prefix plus its own `suffix_len`-token question, arrive at once. With caching
+    they skip the prefix's full blocks, so TTFT falls and throughput rises in proportion to the prefill
+    skipped. Rows: (prefix_len, caching) x (measured, simulated), with `prefix_cache_hit_rate` and, on
+    simulated rows, `same_hits` (the core decides hits, so they must be equal)."""
+    jobs = []
+    for prefix_len in prefix_lens:
+        warmup = _warmup(num_groups, prefix_len, suffix_len, seed)
+        workload = Workload.shared_prefix(num_groups, requests_per_group, prefix_len, suffix_len, output_len,
+                                          seed=seed, name=f"prefix-{prefix_len}")
+        for caching in (False, True):
+            config = _prefix_config(block_size, caching, num_kv_blocks,
+                                    max_num_batched_tokens=max_num_batched_tokens)
+            jobs.append(_Job(workload, config, {"prefix_len": prefix_len, "caching": caching},
+                             warmup=(warmup,)))
+    return _with_hits(_paired_rows(jobs, sides))
+
+
+def hit_rate_sweep(prefix_lens: Iterable[int], block_sizes: Iterable[int], *, requests_per_group: int = 8,
+                   suffix_len: int = 50, seed: int = 0) -> list[dict[str, Any]]:
+    """Simulated hit rate after a warm-up, for each shared-prefix length and block size, next to the
+    formula: only whole blocks hit, so hits = min(floor(prefix_len / block_size) * block_size, prompt_len - 1)
+    per request. A prefix shorter than one block never hits. (The core decides hits: no engine run is needed
+    to know them.)"""
+    rows = []
+    for block_size in block_sizes:
+        for prefix_len in prefix_lens:
+            warmup = _warmup(1, prefix_len, suffix_len, seed)
+            workload = Workload.shared_prefix(1, requests_per_group, prefix_len, suffix_len, 4, seed=seed)
+            config = _prefix_config(block_size, True, num_kv_blocks=4096 // block_size + 64)
+            metrics = Sides(measure=False).simulator(config).run_rounds([warmup, workload])[-1]
+            prompt_len = prefix_len + suffix_len  # the last token is always computed (its block copied)
+            predicted = min((prefix_len // block_size) * block_size, prompt_len - 1) / prompt_len
+            rows.append({"block_size": block_size, "prefix_len": prefix_len,
+                         "hit_rate": metrics.prefix_cache_hit_rate, "predicted_hit_rate": predicted})
+    return rows
+
+
+def eviction_sweep(num_groups_list: Iterable[int], sides: Sides, *, prefix_len: int = 64, suffix_len: int = 8,
+                   num_rounds: int = 3, num_kv_blocks: int = 32, block_size: int = 16,
+                   measure_groups: Iterable[int] = (), seed: int = 0) -> list[dict[str, Any]]:
+    """Eviction under memory pressure: `num_groups` prefixes take turns (one request each per round) in a
+    pool of `num_kv_blocks` blocks. While every prefix fits, rounds after the first hit; once they do not,
+    least-recently-used eviction throws out each prefix just before it is needed again, and the hit rate of
+    the last round collapses to zero: LRU's cliff. Measured only for groups in `measure_groups`."""
+    measure = set(measure_groups)
+    jobs = []
+    for num_groups in num_groups_list:
+        # the same seed every round: each group sends the same prompt again, one round after another
+        rounds = [Workload.shared_prefix(num_groups, 1, prefix_len, suffix_len, 4, seed=seed)] * num_rounds
+        config = _prefix_config(block_size, True, num_kv_blocks, max_num_seqs=1)
+        jobs.append(_Job(rounds[-1], config, {"num_groups": num_groups,
+                                              "prefix_blocks": num_groups * (prefix_len // block_size)},
+                         measure=num_groups in measure, warmup=tuple(rounds[:-1])))
+    return _with_hits(_paired_rows(jobs, sides))
+
+
+def tenant_isolation(sides: Sides, *, prefix_len: int = 512, suffix_len: int = 16, output_len: int = 8,
+                     block_size: int = 16, num_kv_blocks: int = 256, seed: int = 0) -> list[dict[str, Any]]:
+    """Tenant A sends a prompt; then the same prompt arrives from A again, from tenant B, and from A with a
+    `cache_salt`. Only A's unsalted repeat may hit: B must see a cold TTFT, or B could learn from timing
+    alone that someone already sent that prompt (the side channel)."""
+    warmup = _warmup(1, prefix_len, suffix_len, seed).with_tenant("A")
+    probe = Workload.shared_prefix(1, 1, prefix_len, suffix_len, output_len, seed=seed, name="probe")
+    config = _prefix_config(block_size, True, num_kv_blocks)
+    senders = {"A": ("A", None), "B": ("B", None), "A, salted": ("A", "s1")}
+    jobs = [_Job(probe.with_tenant(*who), config, {"sender": label}, warmup=(warmup,))
+            for label, who in senders.items()]
+    return _with_hits(_paired_rows(jobs, sides))
+
+
+def chat_replay(sides: Sides, *, num_conversations: int = 4, num_turns: int = 3, first_prompt_len: int = 128,
+                turn_len: int = 96, output_len: int = 16, block_size: int = 16, num_kv_blocks: int = 512,
+                seed: int = 0) -> list[dict[str, Any]]:
+    """Multi-turn chat: turn k of every conversation, after turns 1..k-1 ran on the same engine, cache off
+    vs on. Each turn resends the whole history, so without caching TTFT grows with the conversation; with
+    it, only the new message (and the partial block before it) is prefilled."""
+    rounds = Workload.chat_rounds(num_conversations, num_turns, first_prompt_len, turn_len, output_len, seed=seed)
+    jobs = [_Job(rounds[k], _prefix_config(block_size, caching, num_kv_blocks), {"turn": k + 1, "caching": caching},
+                 warmup=tuple(rounds[:k]))
+            for k in range(num_turns) for caching in (False, True)]
+    return _with_hits(_paired_rows(jobs, sides))
