@@ -35,11 +35,12 @@ def isolation_key(model_id: str, tenant: str | None, cache_salt: str | None) -> 
 
 def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int], extra_keys: bytes) -> BlockHash:
     """One link of the chain: the hash of a full block given its parent's hash (None for the first block)."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(parent or b"\0" * 16)
-    h.update(extra_keys)
-    h.update(array("q", token_ids).tobytes())
-    return h.digest()
+    return _hash_link(parent, extra_keys, array("q", token_ids).tobytes())
+
+
+def _hash_link(parent: BlockHash | None, extra_keys: bytes, token_bytes: bytes) -> BlockHash:
+    """H(parent, extra keys, the block's tokens as int64s): the one definition of a link."""
+    return hashlib.blake2b((parent or b"\0" * 16) + extra_keys + token_bytes, digest_size=16).digest()
 
 
 def extend_block_hashes(hashes: list[BlockHash], new_token_ids: Sequence[int], block_size: int,
@@ -47,8 +48,11 @@ def extend_block_hashes(hashes: list[BlockHash], new_token_ids: Sequence[int], b
     """Append the hashes of the full blocks in `new_token_ids`, the tokens that follow the last hashed block.
 
     Tokens only ever grow (prompt, then outputs), so a request's chain is computed once, block by block;
-    a trailing partial block is left for a later call.
+    a trailing partial block is left for a later call. The tokens are packed to bytes once and each link
+    hashes its slice: the same bytes `hash_block_tokens` packs block by block, so the same hashes.
     """
-    for start in range(0, len(new_token_ids) - block_size + 1, block_size):
+    token_bytes = array("q", new_token_ids).tobytes()
+    width = block_size * array("q").itemsize
+    for start in range(0, len(token_bytes) - width + 1, width):
         parent = hashes[-1] if hashes else None
-        hashes.append(hash_block_tokens(parent, new_token_ids[start:start + block_size], extra_keys))
+        hashes.append(_hash_link(parent, extra_keys, token_bytes[start:start + width]))

@@ -179,7 +179,8 @@ class Scheduler:
                 continue  # finished or aborted while the step ran
             computed_before = request.num_computed_tokens
             request.num_computed_tokens += len(scheduled.token_ids)
-            request.spec_token_ids = []  # this step used them; the proposer drafts afresh for the next
+            if request.spec_token_ids:
+                request.spec_token_ids = []  # this step used them; the proposer drafts afresh for the next
             if scheduled.needs_logits:
                 token_ids = result.sampled_token_ids[scheduled.request_id]
                 # Roll back over the rejected drafts: only the accepted ones' K/V follows the right tokens.
@@ -256,13 +257,18 @@ class Scheduler:
         scheduled = []
         for request, n in planned:
             start = request.num_computed_tokens
-            num_drafts = max(0, start + n - request.num_tokens)  # what reaches past the known tokens
+            stop = start + n
+            num_tokens = request.num_tokens
+            num_drafts = max(0, stop - num_tokens)  # what reaches past the known tokens
+            token_ids = request.token_ids(start, stop - num_drafts)
+            if num_drafts:
+                token_ids += request.spec_token_ids[:num_drafts]
             scheduled.append(ScheduledRequest(
                 request_id=request.request_id,
-                token_ids=request.token_ids(start, start + n - num_drafts) + request.spec_token_ids[:num_drafts],
+                token_ids=token_ids,
                 num_computed_tokens=start,
                 block_ids=list(kv.get_block_ids(request.request_id)),
-                needs_logits=start + n >= request.num_tokens,
+                needs_logits=stop >= num_tokens,
                 num_draft_tokens=num_drafts,
             ))
         live = sum(r.num_computed_tokens for r in self.running) + sum(n for _, n in planned)
