@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime
 import math
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from ref_engine.core.config import EngineConfig
-from ref_engine.core.metrics import StepRecord
+from ref_engine.core.metrics import RunMetrics, StepRecord
 from ref_engine.core.workload import Workload
 from ref_engine.model.arch_config import ArchConfig
 from sim.cost_model import ROOFLINE_UNKNOWNS, SMALL_BATCH_KNEES, BatchShape, CostModel
@@ -58,8 +59,9 @@ CALIBRATION_GRID: tuple[tuple[str, int, int, int, int], ...] = (
     ("mixed", 12, 300, 16, 128),
 )
 
-# Rows of CALIBRATION_GRID timed again whenever a saved profile is loaded (decode 4 x 64, prefill 1 x 256:
-# about a second each), and the relative change in their time beyond which the profile counts as stale.
+# Rows of CALIBRATION_GRID timed again whenever a saved profile is loaded and around each fidelity case
+# (decode 4 x 64, prefill 1 x 256: about a second each), and the relative change in their time beyond which
+# the profile counts as stale.
 DRIFT_PROBE = (1, 10)
 DRIFT_TOLERANCE = 0.10
 
@@ -86,8 +88,9 @@ def grid_workloads(seed: int = 0) -> list[tuple[str, Workload, EngineConfig]]:
     return runs
 
 
-def measure_steps(model: Any, seed: int = 0, repeats: int = 2) -> list[tuple[str, StepRecord]]:
-    """Run the grid on the real engine (`model`: a `LoadedModel`); returns every step, tagged by kind.
+def measure_grid(model: Any, seed: int = 0, repeats: int = 2, rows: Sequence[int] | None = None) -> list[RunMetrics]:
+    """Run the grid's workloads (`rows`: which, default all) on the real engine (`model`: a `LoadedModel`);
+    returns the fastest run of each.
 
     One throw-away run first, so one-time costs (allocations, first-call dispatch) stay out of the fit.
     Each workload runs `repeats` times and the fastest whole run is kept: other processes on a shared
@@ -97,12 +100,8 @@ def measure_steps(model: Any, seed: int = 0, repeats: int = 2) -> list[tuple[str
 
     runs = grid_workloads(seed)
     bench.run(runs[0][1], runs[0][2], model=model)
-    steps = []
-    for kind, workload, config in runs:
-        fastest = min((bench.run(workload, config, model=model) for _ in range(repeats)),
-                      key=lambda m: m.duration)
-        steps += [(kind, s) for s in fastest.steps]
-    return steps
+    return [min((bench.run(workload, config, model=model) for _ in range(repeats)), key=lambda m: m.duration)
+            for _, workload, config in (runs[i] for i in (range(len(runs)) if rows is None else rows))]
 
 
 def measure_copy_bandwidth(num_bytes: int = 256 << 20, repeats: int = 5) -> float:
@@ -177,7 +176,8 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
 
     loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype)
     block_size = (config or EngineConfig()).block_size
-    steps = measure_steps(loaded, seed)
+    fastest = measure_grid(loaded, seed)
+    steps = [(kind, step) for (kind, *_), run in zip(CALIBRATION_GRID, fastest) for step in run.steps]
     bandwidth = measure_copy_bandwidth()
     device = next(loaded.model.parameters()).device
     provenance = {
@@ -192,7 +192,7 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
         print(format_fit(points))
         print(f"mean |error| {profile.provenance['fit_mean_abs_error_pct']}%, "
               f"p90 {profile.provenance['fit_p90_abs_error_pct']}% over {len(points)} steps")
-    profile.provenance["drift_probe_s"] = time_drift_probe(loaded, seed)
+    profile.provenance["drift_probe_s"] = [fastest[i].duration for i in DRIFT_PROBE]
     if save:
         path = profile.save()
         if verbose:
@@ -201,12 +201,9 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
 
 
 def time_drift_probe(loaded: Any, seed: int = 0) -> list[float]:
-    """Seconds the engine takes now for the `DRIFT_PROBE` grid runs (the fastest of three, so the first,
-    which pays one-time costs, never counts)."""
-    from ref_engine import bench
-
-    runs = grid_workloads(seed)
-    return [min(bench.run(runs[i][1], runs[i][2], model=loaded).duration for _ in range(3)) for i in DRIFT_PROBE]
+    """Seconds the engine takes now for the `DRIFT_PROBE` grid runs, measured as calibration measured them
+    (after a throw-away run, the fastest of two), so that now / then compares like with like."""
+    return [run.duration for run in measure_grid(loaded, seed, rows=DRIFT_PROBE)]
 
 
 def _probe_ratios(profile: HardwareProfile, loaded: Any) -> list[float] | None:
@@ -224,16 +221,13 @@ def drift(profile: HardwareProfile, loaded: Any) -> float | None:
     return None if ratios is None else max(abs(r - 1) for r in ratios)
 
 
-def reanchored(profile: HardwareProfile, loaded: Any) -> HardwareProfile:
-    """`profile` retimed to this machine's speed now: by the geometric mean of the drift probe's now / then.
-
-    The probe runs are grid runs, not the workload about to be judged, so this corrects for the machine
-    (a shared VM runs tens of percent faster or slower from one minute to the next) without absorbing the
-    cost model's own errors on that workload."""
+def time_factor(profile: HardwareProfile, loaded: Any) -> float:
+    """How many times as long this machine takes now as when `profile` was calibrated: the geometric mean
+    of the drift probe's now / then (ValueError for a profile saved without probe times)."""
     ratios = _probe_ratios(profile, loaded)
     if ratios is None:
         raise ValueError(f"profile {profile.name!r} has no drift probe times; recalibrate it (sim.calibrate)")
-    return profile.retimed(math.prod(ratios) ** (1 / len(ratios)))
+    return math.prod(ratios) ** (1 / len(ratios))
 
 
 def load_or_calibrate(model: Any = None, *, dtype: str = "float32") -> HardwareProfile:

@@ -144,8 +144,8 @@ class HardwareProfile:
 
     def retimed(self, factor: float) -> HardwareProfile:
         """A copy on which every step takes `factor` times as long: overheads times `factor`, FLOP/s and
-        bandwidths divided by it. The same machine in a slower (> 1) or faster (< 1) state, which is how a
-        shared VM drifts; `sim.calibrate.reanchored` measures the factor, the shape of the fit is kept."""
+        bandwidths divided by it: the same machine in a slower (> 1) or faster (< 1) state. sim/fidelity.py
+        nudges a profile this way to measure how sensitive a simulated metric is to step-time errors."""
         if not factor > 0:
             raise ValueError(f"a time factor must be > 0, got {factor}")
         return replace(
