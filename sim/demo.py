@@ -60,7 +60,7 @@ def main(out_dir: str | Path = "reports/demo", model: str | None = None) -> Path
     answer = llm.generate([prompt], SamplingParams(max_tokens=48, temperature=0), use_tqdm=False)[0]
     print(f"   {answer.outputs[0].text!r}")
 
-    print("2/4 this machine's calibrated profile (measured once, then cached) ...")
+    print("2/4 this machine's calibrated profile (cached; refit when the machine's speed has moved) ...")
     profile = load_or_calibrate(loaded)
 
     print("3/4 static vs continuous batching, engine and simulator, same workload ...")
