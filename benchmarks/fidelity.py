@@ -19,10 +19,17 @@ import time
 
 import torch
 
-from ref_engine.core import EngineConfig, Workload
 from ref_engine.model.loader import load_model
 from sim.calibrate import calibrate
-from sim.fidelity import HELD_OUT, HELD_OUT_CONFIG, compare, ranks
+from sim.fidelity import (
+    HELD_OUT,
+    HELD_OUT_CONFIG,
+    WARM_PREFIX,
+    WARM_PREFIX_CONFIG,
+    WARM_PREFIX_WARMUP,
+    compare,
+    ranks,
+)
 
 KEYS = ("output_throughput", "mean_ttft_ms", "mean_itl_ms")
 RANKED = {  # label -> config: the knobs lesson 7 tunes, on the mixed all-at-once workload
@@ -51,9 +58,7 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     cases = [(name, workload, HELD_OUT_CONFIG.replace(scheduling=scheduling), scheduling, None)
              for name, workload in HELD_OUT.items() for scheduling in ("continuous", "static")]
-    cases.append(("warm-prefix", Workload.shared_prefix(1, 8, 512, 50, 8, seed=14),
-                  EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, num_kv_blocks=600), "continuous",
-                  Workload.shared_prefix(1, 1, 512, 50, 1, seed=15, prefix_seed=14)))
+    cases.append(("warm-prefix", WARM_PREFIX, WARM_PREFIX_CONFIG, "continuous", WARM_PREFIX_WARMUP))
     for name, workload, config, scheduling, warmup in cases:
         c = compare(name, workload, config, model, profile, warmup=warmup, repeats=args.repeats, keys=KEYS)
         print(f"| {name} | {scheduling} | {c.time_factors[0]:.2f} / {c.time_factors[1]:.2f} | "

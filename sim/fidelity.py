@@ -30,6 +30,7 @@ from typing import Any
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import relative_error
 from ref_engine.core.workload import Workload
+from sim.calibrate import DRIFT_TOLERANCE, time_factor
 from sim.experiments import Sides, run_pair
 from sim.hardware import HardwareProfile
 
@@ -42,8 +43,12 @@ HELD_OUT: dict[str, Workload] = {
     "long-prompts": Workload.synthetic(6, prompt_len=(600, 1000), output_len=(8, 24), seed=13),
 }
 HELD_OUT_CONFIG = EngineConfig(max_num_seqs=8, max_num_batched_tokens=512, num_kv_blocks=600)
+# Prefix caching: eight requests sharing a 512-token prefix, after one warm-up request put it in the cache.
+WARM_PREFIX = Workload.shared_prefix(1, 8, 512, 50, 8, seed=14)
+WARM_PREFIX_WARMUP = Workload.shared_prefix(1, 1, 512, 50, 1, seed=15, prefix_seed=14)
+WARM_PREFIX_CONFIG = EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, num_kv_blocks=600)
 TIMING_NUDGE = 0.05
-STEADY = 1.10  # the machine is in its calibrated state while the drift probe takes within 10% of its time then
+STEADY = 1 + DRIFT_TOLERANCE  # the calibrated state: the probe takes within this factor of its time then
 
 
 @dataclass
@@ -100,8 +105,6 @@ def compare(name: str, workload: Workload, config: EngineConfig, model: Any, cal
             keys: tuple[str, ...] = ("output_throughput", "mean_ttft_ms", "mean_itl_ms")) -> Comparison:
     """Measure `workload` under `config` on the engine (`model`: a `LoadedModel`) between two drift probes,
     and simulate it with the `calibrated` profile."""
-    from sim.calibrate import time_factor
-
     sides = Sides(model=model, hardware=calibrated, repeats=repeats)
     before = time_factor(calibrated, model)
     measured, simulated = run_pair(workload, config, sides, warmup=warmup)

@@ -64,3 +64,10 @@ def test_saved_profile_is_refit_when_the_machine_speed_moved(monkeypatch, saved,
     calibration.load_or_calibrate(tiny)
     assert log == ["recalibrated"]
     assert "20% since it was calibrated" in capsys.readouterr().out
+
+
+def test_time_factor_is_the_probe_now_over_then(monkeypatch, saved, tiny):
+    _probe_at(monkeypatch, saved, 1.2)
+    assert calibration.time_factor(saved, tiny) == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="no drift probe times"):
+        calibration.time_factor(HardwareProfile.named("local-cpu"), tiny)

@@ -26,8 +26,19 @@ from __future__ import annotations
 import pytest
 
 from ref_engine.core import EngineConfig, Workload
-from sim.experiments import same_policy
-from sim.fidelity import HELD_OUT, HELD_OUT_CONFIG, Comparison, compare
+from sim.experiments import Sides, same_policy
+from sim.fidelity import (
+    HELD_OUT,
+    HELD_OUT_CONFIG,
+    WARM_PREFIX,
+    WARM_PREFIX_CONFIG,
+    WARM_PREFIX_WARMUP,
+    Comparison,
+    compare,
+    ranks,
+    timing_sensitivity,
+)
+from sim.hardware import HardwareProfile
 
 TOLERANCE_PCT = 20.0  # the issue's, for a case during which the machine kept one speed
 UNSTEADY_TOLERANCE_PCT = 35.0  # otherwise; a broken cost model or executor is off by far more
@@ -85,20 +96,14 @@ def test_simulator_predicts_the_engine(name, scheduling, smollm2, calibrated):
 
 @pytest.mark.slow
 def test_simulator_predicts_warm_prefix_ttft(smollm2, calibrated):
-    workload = Workload.shared_prefix(1, 8, 512, 50, 8, seed=14)
-    warmup = Workload.shared_prefix(1, 1, 512, 50, 1, seed=15, prefix_seed=14)
-    config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, num_kv_blocks=600)
-    comparison = judged("warm prefix", workload, config, smollm2, calibrated, ("mean_ttft_ms",), warmup=warmup)
+    comparison = judged("warm prefix", WARM_PREFIX, WARM_PREFIX_CONFIG, smollm2, calibrated, ("mean_ttft_ms",),
+                        warmup=WARM_PREFIX_WARMUP)
     assert same_policy(comparison.measured["metrics"], comparison.simulated["metrics"])
     assert comparison.measured["prefix_cache_hits"] == comparison.simulated["prefix_cache_hits"] == 8 * 512
 
 
 def test_timing_sensitivity_is_zero_when_nothing_waits_on_timing():
     """All at once, every simulated time scales with the steps: nothing moves beyond the nudge itself."""
-    from sim.experiments import Sides
-    from sim.fidelity import timing_sensitivity
-    from sim.hardware import HardwareProfile
-
     sides = Sides(hardware=HardwareProfile.named("local-cpu"), measure=False)
     moved = timing_sensitivity(HELD_OUT["mixed-all-at-once"], HELD_OUT_CONFIG, sides,
                                ("output_throughput", "mean_ttft_ms"))
@@ -107,8 +112,6 @@ def test_timing_sensitivity_is_zero_when_nothing_waits_on_timing():
 
 
 def test_ranks_put_the_largest_first():
-    from sim.fidelity import ranks
-
     assert ranks([3.0, 9.0, 1.0, 5.0]) == [3, 1, 4, 2]
 
 
