@@ -6,12 +6,12 @@ Lesson: lessons/05-speculative-decoding.md.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from statistics import fmean
 from typing import Any
 
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import RunMetrics
 from ref_engine.core.workload import Workload
+from sim.cost_model import BatchShape
 from sim.experiments.common import Sides, _cdiv, _row
 from sim.simulator import Simulator
 
@@ -104,10 +104,12 @@ def speculation_batch_sweep(batch_sizes: Iterable[int], acceptance_rate: float, 
     """Simulated speed-up of speculation (threshold off) over plain decoding as the batch grows, at a fixed
     acceptance rate: where memory-bound decode turns compute-bound, verifying k drafts stops being free.
 
-    Each row also carries `verify_cost`, a mean verify step's time over a mean plain decode step's: the
-    speed-up is about tokens_per_step / verify_cost, so the two columns say why it falls."""
+    Each row also carries `verify_cost`: the cost model's price of a verify step (every request checking k
+    drafts) over that of a plain decode step, at this batch and the prompt's context. While decode steps
+    dominate a run, the speed-up is about tokens_per_step / verify_cost, so the two columns say why it falls."""
     from sim.spec_decode import AcceptanceRate
 
+    cost_model = sides.cost_model()
     rows = []
     for batch in batch_sizes:
         workload = Workload.synthetic(batch, prompt_len, output_len, seed=batch)
@@ -121,9 +123,8 @@ def speculation_batch_sweep(batch_sizes: Iterable[int], acceptance_rate: float, 
         rows.append({"batch": batch, "plain_tok_s": plain.output_throughput, "spec_tok_s": spec.output_throughput,
                      "speedup": spec.output_throughput / plain.output_throughput,
                      "tokens_per_step": spec.mean_acceptance_length,
-                     "verify_cost": _mean_step_s(spec) / _mean_step_s(plain)})
+                     "verify_cost": cost_model.step_time(BatchShape((k + 1,) * batch, (prompt_len,) * batch,
+                                                                    num_logit_rows=(k + 1) * batch))
+                     / cost_model.step_time(BatchShape.decode(batch, prompt_len))})
     return rows
 
-
-def _mean_step_s(metrics: RunMetrics) -> float:
-    return fmean(step.duration for step in metrics.steps)

@@ -71,3 +71,16 @@ def test_replayed_acceptance_makes_the_engines_decisions(make_tiny_hf_model):
     for field in ("num_steps", "num_preemptions", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
                   "acceptance_by_position"):
         assert getattr(simulated, field) == getattr(measured, field), field
+
+
+def test_batch_sweep_explains_the_speed_up_by_tokens_per_step_over_verify_cost():
+    """On a GPU profile a batch-1 verify of 1 + k tokens costs about one decode step (both read the weights
+    once), so the speed-up is about tokens per step; a bigger batch makes the verify dearer. (At batch 1 decode
+    steps dominate the run; at large batch the prompts' prefill steps weigh in too, so only batch 1 is held to
+    speed-up ~ tokens_per_step / verify_cost.)"""
+    from sim.experiments import Sides, speculation_batch_sweep
+
+    one, big = speculation_batch_sweep([1, 64], 0.5, Sides(arch="llama-3.1-8b", hardware="h100-sxm", measure=False))
+    assert one["verify_cost"] == pytest.approx(1.0, abs=0.1)
+    assert big["verify_cost"] > one["verify_cost"]
+    assert one["speedup"] == pytest.approx(one["tokens_per_step"] / one["verify_cost"], rel=0.05)
