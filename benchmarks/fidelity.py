@@ -2,7 +2,7 @@
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/fidelity.py [--repeats 2]
 
-Calibrates a profile first (not saved), then for each held-out workload of sim/fidelity.py under continuous
+Calibrates a profile first (not saved), then for each held-out workload of serving_lab/fidelity.py under continuous
 and static scheduling, plus a warm prefix-cache case: output throughput, mean TTFT and mean ITL, simulated
 against measured, with the machine's time factor (drift probe, before / after the case), with the errors in %. Then
 ranks a handful of configurations (max_num_seqs, token budget) on the mixed workload by throughput, on both
@@ -20,8 +20,8 @@ import time
 import torch
 
 from ref_engine.model.loader import load_model
-from sim.calibrate import calibrate
-from sim.fidelity import (
+from serving_lab.calibrate import calibrate
+from serving_lab.fidelity import (
     HELD_OUT,
     HELD_OUT_CONFIG,
     WARM_PREFIX,

@@ -18,8 +18,8 @@ import platform
 import torch
 
 from ref_engine.model.loader import load_model
-from sim.calibrate import load_or_calibrate
-from sim.experiments import Sides, format_table, shared_prefix_ttft
+from serving_lab.calibrate import load_or_calibrate
+from serving_lab.experiments import Sides, format_table, shared_prefix_ttft
 
 
 def main() -> None:

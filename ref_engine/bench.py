@@ -4,7 +4,7 @@ This is the measured half of every lesson's comparison; `sim.Simulator(...).run(
 half, with the same workload object and the same `RunMetrics` definition. Arrival times are honoured on
 the wall clock (a request is added once its arrival time has passed, and its TTFT counts from the intended
 arrival, as the simulator counts it). The engine's step log (batch shape and duration of every step) comes
-back in `RunMetrics.steps`, which is what `sim.calibrate` fits.
+back in `RunMetrics.steps`, which is what `serving_lab.calibrate` fits.
 
 Lesson: lessons/01-continuous-batching.md (measuring both sides).
 """

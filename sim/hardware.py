@@ -21,7 +21,7 @@ What a profile holds, and why these numbers and no others
     network_*               link between machines (InfiniBand/Ethernet): KV transfer in PD disaggregation
 
 There are no separate "efficiency" factors. A *calibrated* profile (source="calibrated", written by
-sim/calibrate.py) simply stores the effective numbers the fit found. A *datasheet* profile stores the
+serving_lab/calibrate.py) simply stores the effective numbers the fit found. A *datasheet* profile stores the
 vendor's peaks, which real kernels do not reach: expect roughly 50-80% of peak FLOP/s and 70-90% of
 peak bandwidth (on the H200 lent to this project a PyTorch bf16 8192^3 matmul ran at ~790 of 989 TFLOP/s
 and a device copy at ~4.3 of 4.8 TB/s). The cost model applies NO fudge factor: a datasheet profile gives
@@ -144,7 +144,7 @@ class HardwareProfile:
 
     def retimed(self, factor: float) -> HardwareProfile:
         """A copy on which every step takes `factor` times as long: overheads times `factor`, FLOP/s and
-        bandwidths divided by it: the same machine in a slower (> 1) or faster (< 1) state. sim/fidelity.py
+        bandwidths divided by it: the same machine in a slower (> 1) or faster (< 1) state. serving_lab/fidelity.py
         nudges a profile this way to measure how sensitive a simulated metric is to step-time errors."""
         if not factor > 0:
             raise ValueError(f"a time factor must be > 0, got {factor}")
@@ -228,7 +228,7 @@ CALIBRATED_PREFERENCE = ("calibrated-cuda-bfloat16", "calibrated-cuda-float32", 
 
 
 def load_calibrated_profile() -> HardwareProfile | None:
-    """This machine's saved calibration (`sim/calibrate.py`), if any: a GPU's first, then the CPU's."""
+    """This machine's saved calibration (`serving_lab/calibrate.py`), if any: a GPU's first, then the CPU's."""
     saved = _saved_profiles()
     for name in CALIBRATED_PREFERENCE:
         if name in saved:
@@ -324,7 +324,7 @@ LOCAL_CPU = HardwareProfile(
         "Measured leads from shared/PERF-NOTES.md for a 2-core AVX-512/AMX-bf16 machine (torch 2.13 CPU, "
         "2 threads): DRAM copy ~27 GB/s, 2048^3 matmul ~375 GFLOP/s fp32 and ~2.3 TFLOP/s bf16 (AMX). "
         "At batch 1 bf16 matrix-vector products stream only ~9 GB/s, so bf16 decode is priced "
-        "optimistically here. Overheads are guesses. Replace with a calibrated profile (sim/calibrate.py)."
+        "optimistically here. Overheads are guesses. Replace with a calibrated profile (serving_lab/calibrate.py)."
     ),
     provenance={"reference": "shared/PERF-NOTES.md", "threads": 2, "torch": "2.13.0+cpu"},
 )

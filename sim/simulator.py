@@ -8,7 +8,7 @@ step timer prices a step. The run itself is the core scheduler inside a `Simulat
 
 Defaults
 - model: SmolLM2-135M, the model the real engine runs in the lessons;
-- hardware: this machine's calibrated profile if sim/calibrate.py has saved one, else the built-in CPU
+- hardware: this machine's calibrated profile if serving_lab/calibrate.py has saved one, else the built-in CPU
   estimate, with a warning (`default_hardware`);
 - KV pool, first that applies: `num_kv_blocks` given here; `config.num_kv_blocks`;
   `config.kv_cache_memory` bytes / bytes per block; else vLLM-style profiling of the device memory
@@ -49,7 +49,7 @@ def default_hardware() -> HardwareProfile:
     if profile is None:
         warnings.warn(
             f"no calibrated hardware profile for this machine; simulating the built-in estimate "
-            f"{DEFAULT_CPU_PROFILE!r} (run sim/calibrate.py to measure one)", stacklevel=4)
+            f"{DEFAULT_CPU_PROFILE!r} (run serving_lab/calibrate.py to measure one)", stacklevel=4)
         profile = HardwareProfile.named(DEFAULT_CPU_PROFILE)
     return profile
 

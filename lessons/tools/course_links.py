@@ -159,7 +159,7 @@ class Course:
 
     def __init__(self, root: Path = ROOT, lessons: tuple[PlannedLesson, ...] = course_plan.LESSONS,
                  topics: dict[str, str] | None = None,
-                 code_dirs: tuple[str, ...] = ("ref_engine", "sim", "lessons/exercises", "benchmarks")) -> None:
+                 code_dirs: tuple[str, ...] = ("ref_engine", "sim", "serving_lab", "lessons/exercises", "benchmarks")) -> None:
         self.root = Path(root).resolve()
         self.plan = lessons
         self.topics = course_plan.TOPICS if topics is None else topics

@@ -19,7 +19,7 @@ from ref_engine.core.block_hash import extend_block_hashes, hash_block_tokens, i
 from ref_engine.core.kv_cache_manager import KVCacheManager
 from ref_engine.core.request import Request
 from ref_engine.core.workload import WorkloadRequest
-from sim.experiments import hit_rate_sweep
+from serving_lab.experiments import hit_rate_sweep
 from sim.simulator import Simulator
 
 FEW = settings(max_examples=60, deadline=None, derandomize=True)  # the same examples on every run

@@ -15,10 +15,10 @@ One module per lesson, on top of what they share:
     paged.py         lesson 2: KV arithmetic, allocators, block size, preemption by recompute or swap
     prefix.py        lesson 4: prefix caching
     speculation.py   lesson 5: speculative decoding
-Notebooks import the package (`import sim.experiments as ex`); everything public is re-exported here.
+Notebooks import the package (`import serving_lab.experiments as ex`); everything public is re-exported here.
 """
 
-from sim.experiments.batching import (
+from serving_lab.experiments.batching import (
     capacity,
     load_sweep,
     plot_timeline,
@@ -26,7 +26,7 @@ from sim.experiments.batching import (
     step_cost,
     throughput_ratios,
 )
-from sim.experiments.common import (
+from serving_lab.experiments.common import (
     COMPARED,
     POLICY_COUNTS,
     Sides,
@@ -38,7 +38,7 @@ from sim.experiments.common import (
     run_pair,
     same_policy,
 )
-from sim.experiments.paged import (
+from serving_lab.experiments.paged import (
     ALLOCATION_MODES,
     KV_MODELS,
     PCIE4_BATCHED,
@@ -57,14 +57,14 @@ from sim.experiments.paged import (
     preemption_modes,
     same_memory,
 )
-from sim.experiments.prefix import (
+from serving_lab.experiments.prefix import (
     chat_replay,
     eviction_sweep,
     hit_rate_sweep,
     shared_prefix_ttft,
     tenant_isolation,
 )
-from sim.experiments.speculation import (
+from serving_lab.experiments.speculation import (
     CHAT_TEMPLATE,
     COPY_INSTRUCTIONS,
     GROUNDED_TEXTS,

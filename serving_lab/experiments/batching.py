@@ -14,8 +14,8 @@ import simpy
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import RunMetrics, relative_error
 from ref_engine.core.workload import Exponential, LengthSpec, Workload
+from serving_lab.experiments.common import Sides, run_pair
 from sim.cost_model import BatchShape
-from sim.experiments.common import Sides, run_pair
 
 
 def step_cost(batch_sizes: Iterable[int], contexts: Iterable[int], prefill_lens: Iterable[int], sides: Sides, *,

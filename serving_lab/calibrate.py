@@ -226,7 +226,7 @@ def time_factor(profile: HardwareProfile, loaded: Any) -> float:
     of the drift probe's now / then (ValueError for a profile saved without probe times)."""
     ratios = _probe_ratios(profile, loaded)
     if ratios is None:
-        raise ValueError(f"profile {profile.name!r} has no drift probe times; recalibrate it (sim.calibrate)")
+        raise ValueError(f"profile {profile.name!r} has no drift probe times; recalibrate it (serving_lab.calibrate)")
     return math.prod(ratios) ** (1 / len(ratios))
 
 

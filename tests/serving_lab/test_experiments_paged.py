@@ -1,4 +1,4 @@
-"""Lesson 2's experiment functions (sim/experiments/paged.py), simulator side only: the KV
+"""Lesson 2's experiment functions (serving_lab/experiments/paged.py), simulator side only: the KV
 arithmetic, the allocation modes' memory numbers, the block-size U-shape on a GPU profile, preemption by
 recompute and swap, and the swap copy model. No engine, no timing asserts: every number here is decided by
 the shared core or by the deterministic cost model."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from ref_engine.core import EngineConfig, Workload
-from sim.experiments import (
+from serving_lab.experiments import (
     PCIE4_BATCHED,
     PCIE4_PER_BLOCK,
     Sides,

@@ -21,8 +21,8 @@ from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import RunMetrics, relative_error
 from ref_engine.core.workload import LengthSpec, Workload
 from ref_engine.model.arch_config import ArchConfig
+from serving_lab.experiments.common import Sides, _cdiv, _Job, _paired_rows, pairs, same_policy
 from sim.cost_model import BatchShape
-from sim.experiments.common import Sides, _cdiv, _Job, _paired_rows, pairs, same_policy
 from sim.hardware import HardwareProfile
 from sim.simulator import Simulator
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import sim.calibrate as calibration
+import serving_lab.calibrate as calibration
 from sim.hardware import HardwareProfile
 
 

@@ -1,4 +1,4 @@
-"""Lesson 1's experiment functions in sim/experiments/batching.py: the cost of a step, static vs continuous, capacity and
+"""Lesson 1's experiment functions in serving_lab/experiments/batching.py: the cost of a step, static vs continuous, capacity and
 load sweeps, and the table helper. Simulator-only except one tiny engine run of `step_cost`; no timing asserts
 on measured numbers (the notebook compares those, with its tolerances)."""
 
@@ -9,7 +9,7 @@ import math
 import pytest
 
 from ref_engine.core import Exponential
-from sim.experiments import (
+from serving_lab.experiments import (
     Sides,
     capacity,
     error_check,

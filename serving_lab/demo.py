@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ref_engine.core import EngineConfig, Exponential, Workload
-from sim.experiments import Sides, static_vs_continuous
+from serving_lab.experiments import Sides, static_vs_continuous
 from sim.simulator import Simulator
 
 ENGINE_CAPS = (16, 96)  # output-length caps for the measured comparison (exponential outputs, mean 32)
@@ -46,7 +46,7 @@ def main(out_dir: str | Path = "reports/demo", model: str | None = None) -> Path
 
     from ref_engine import LLM, SamplingParams
     from ref_engine.model.loader import load_model
-    from sim.calibrate import load_or_calibrate
+    from serving_lab.calibrate import load_or_calibrate
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,10 @@
 """Fidelity: the simulator, calibrated on this machine, predicts the real engine on workloads it was not
-calibrated on (the issue's test; sim/fidelity.py has the method, benchmarks/fidelity.py the numbers).
+calibrated on (the issue's test; serving_lab/fidelity.py has the method, benchmarks/fidelity.py the numbers).
 
 Three held-out workloads (all at once with mixed lengths, Poisson arrivals below capacity, long prompts),
 each under static and continuous scheduling, run on the real engine (SmolLM2-135M, float32, this CPU) and
 in the simulator with a profile calibrated at the start of this test module, on the grid of
-sim/calibrate.py. The calibration's drift probe is timed before and after each case (sim/fidelity.py).
+serving_lab/calibrate.py. The calibration's drift probe is timed before and after each case (serving_lab/fidelity.py).
 
 Tolerance: 20% on output throughput and mean TTFT (the issue's), widened only by what no model can beat in
 that case: the engine's run-to-run spread and the metric's timing sensitivity (both printed; the
@@ -26,8 +26,8 @@ from __future__ import annotations
 import pytest
 
 from ref_engine.core import EngineConfig, Workload
-from sim.experiments import Sides, same_policy
-from sim.fidelity import (
+from serving_lab.experiments import Sides, same_policy
+from serving_lab.fidelity import (
     HELD_OUT,
     HELD_OUT_CONFIG,
     WARM_PREFIX,
@@ -46,7 +46,7 @@ UNSTEADY_TOLERANCE_PCT = 35.0  # otherwise; a broken cost model or executor is o
 
 @pytest.fixture(scope="module")
 def calibrated(smollm2):
-    from sim.calibrate import calibrate
+    from serving_lab.calibrate import calibrate
 
     return calibrate(smollm2, save=False, verbose=False)
 

@@ -28,13 +28,13 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> None:
-    from sim.calibrate import calibrate
+    from serving_lab.calibrate import calibrate
 
     calibrate(args.model, dtype=args.dtype)
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from sim.demo import main as demo_main
+    from serving_lab.demo import main as demo_main
 
     demo_main(out_dir=args.out, model=args.model)
 

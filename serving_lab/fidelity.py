@@ -4,7 +4,7 @@ benchmark (benchmarks/fidelity.py) tabulates them.
 
 The machine's state. A shared VM runs tens of percent faster or slower from one minute to the next, and
 a calibrated profile describes it in the state it was calibrated in. So the calibration grid's drift probe
-(two short grid runs, ~4 s) is timed right before and right after each case (`sim.calibrate.time_factor`).
+(two short grid runs, ~4 s) is timed right before and right after each case (`serving_lab.calibrate.time_factor`).
 A case during which the machine was not in its calibrated state (either probe more than 10% off) says
 little about the simulator; `Comparison.unsteady` names why, and the test then holds it only to a coarse
 bound. (Retiming the profile by the probe's factor instead was tried and dropped: in three of five runs it
@@ -30,8 +30,8 @@ from typing import Any
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import relative_error
 from ref_engine.core.workload import Workload
-from sim.calibrate import DRIFT_TOLERANCE, time_factor
-from sim.experiments import Sides, run_pair
+from serving_lab.calibrate import DRIFT_TOLERANCE, time_factor
+from serving_lab.experiments import Sides, run_pair
 from sim.hardware import HardwareProfile
 
 # Held out from calibration: all at once with mixed lengths, Poisson arrivals at ~60% of the static

@@ -86,7 +86,7 @@ def drift_note(slowdown: float, busy: float = 1.15) -> str | None:
         return f"the engine ran {slowdown:.2f}x slower than its profile predicts (a busy machine)"
     if slowdown < 1 / busy:
         return (f"the engine ran {1 / slowdown:.2f}x faster than its profile predicts (the profile is stale: "
-                "recalibrate with sim.calibrate.calibrate(model))")
+                "recalibrate with serving_lab.calibrate.calibrate(model))")
     return None
 
 

@@ -1,4 +1,4 @@
-"""Lesson 4's experiment functions (sim/experiments/prefix.py) and the workloads they use.
+"""Lesson 4's experiment functions (serving_lab/experiments/prefix.py) and the workloads they use.
 
 Simulator side: hit rates are decided by the shared core, so they are checked exactly (against the
 whole-block formula, the LRU cliff, tenant isolation). Engine side: a tiny random model serves the same
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from ref_engine.core import EngineConfig, Workload
-from sim.experiments import (
+from serving_lab.experiments import (
     Sides,
     chat_replay,
     eviction_sweep,

@@ -11,8 +11,8 @@ from typing import Any
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import RunMetrics
 from ref_engine.core.workload import Workload
+from serving_lab.experiments.common import Sides, _cdiv, _row
 from sim.cost_model import BatchShape
-from sim.experiments.common import Sides, _cdiv, _row
 from sim.simulator import Simulator
 
 CHAT_TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"  # SmolLM2's, for one user turn
