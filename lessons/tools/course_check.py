@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The course's link checker: every rule of COURSE.md ("Ids and links") as a function over the files.
+"""The course's link checker: every rule of lessons/CONTRIBUTING.md ("What the checkers enforce") as a function.
 
     python lessons/tools/course_check.py        # print every problem, exit 1 if there is one
     pytest tests/course                         # the same rules, one test each
@@ -231,7 +231,7 @@ def check_code_symbols(course: Course) -> list[str]:
 # ---- the interview bank ------------------------------------------------------------------------------
 
 def check_questions(course: Course) -> list[str]:
-    """Question format (COURSE.md, "An interview question"), and every question links a lesson section."""
+    """Question format (lessons/CONTRIBUTING.md, "An interview question"); every question links a lesson section."""
     problems = []
     bank = course.name(course.bank_path)
     plain = strip_fences(course.read(course.bank_path)).split("\n")
@@ -309,7 +309,7 @@ def check_lessons(course: Course) -> list[str]:
         problems.append(f"{course.name(course.map_path)}: no {begin_marker('course-map')} block")
     if course.bank_path.is_file() and begin_marker("bank-index") not in course.read(course.bank_path):
         problems.append(f"{course.name(course.bank_path)}: no {begin_marker('bank-index')} block")
-    others = {course.map_path.name, course.bank_path.name}
+    others = {course.map_path.name, course.bank_path.name, "CONTRIBUTING.md"}  # the course map, bank, format
     for path in sorted(course.lessons_dir.glob("*.md")) if course.lessons_dir.is_dir() else []:
         if path.name not in others and course.lesson(path.stem) is None:
             problems.append(f"{course.name(path)}: not a lesson of the plan (add it to lessons/tools/course_plan.py)")
