@@ -1,5 +1,5 @@
 """Fidelity: how well the simulator, calibrated on this machine, predicts the real engine on workloads it was
-not calibrated on. The fidelity test (tests/sim/test_fidelity.py) asserts on these comparisons and the
+not calibrated on. The fidelity test (tests/serving_lab/test_fidelity.py) asserts on these comparisons and the
 benchmark (benchmarks/fidelity.py) tabulates them.
 
 The machine's state. A shared VM runs tens of percent faster or slower from one minute to the next, and

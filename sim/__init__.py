@@ -1,6 +1,6 @@
 """The discrete-event simulator: the shared core scheduler on a SimPy clock, priced by a cost model.
 
-Torch-free by design (DESIGN.md): any model on any hardware, at any scale, in seconds on a laptop.
+Torch-free by design (ARCHITECTURE.md): any model on any hardware, at any scale, in seconds on a laptop.
 """
 
 from sim.cluster import Cluster

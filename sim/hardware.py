@@ -321,12 +321,12 @@ LOCAL_CPU = HardwareProfile(
     network_latency_s=50e-6,
     source="datasheet-like estimate",
     notes=(
-        "Measured leads from shared/PERF-NOTES.md for a 2-core AVX-512/AMX-bf16 machine (torch 2.13 CPU, "
-        "2 threads): DRAM copy ~27 GB/s, 2048^3 matmul ~375 GFLOP/s fp32 and ~2.3 TFLOP/s bf16 (AMX). "
+        "Measured on a 2-core AVX-512/AMX-bf16 machine (torch 2.13 CPU, 2 threads; benchmarks/RESULTS.md, "
+        "'The machine'): DRAM copy ~27 GB/s, 2048^3 matmul ~375 GFLOP/s fp32 and ~2.3 TFLOP/s bf16 (AMX). "
         "At batch 1 bf16 matrix-vector products stream only ~9 GB/s, so bf16 decode is priced "
         "optimistically here. Overheads are guesses. Replace with a calibrated profile (serving_lab/calibrate.py)."
     ),
-    provenance={"reference": "shared/PERF-NOTES.md", "threads": 2, "torch": "2.13.0+cpu"},
+    provenance={"reference": "benchmarks/RESULTS.md#the-machine", "threads": 2, "torch": "2.13.0+cpu"},
 )
 
 DEFAULT_CPU_PROFILE = "local-cpu"

@@ -6,7 +6,7 @@
     python lessons/tools/course_links.py --skeleton 01-continuous-batching   # a planned lesson's skeleton
 
 Generated blocks sit between `<!-- BEGIN AUTO:kind -->` and `<!-- END AUTO:kind -->` lines; everything
-else is written by hand. The kinds (COURSE.md, "Ids and links"):
+else is written by hand. The kinds (lessons/CONTRIBUTING.md, "Generated blocks"):
 - `course-map` in lessons/README.md: one row per lesson of the plan (course_plan.py), written or planned;
 - `questions` in every written lesson: the interview questions whose **Links.** line points at it;
 - `used-in:<term>` in glossary.md, one per term: the lessons and questions that link the term;
@@ -537,8 +537,8 @@ def exercise_statements(course: Course, lesson: PlannedLesson) -> dict[str, list
 
 
 def render_skeleton(course: Course, lesson: PlannedLesson) -> str:
-    """A Markdown skeleton of a planned lesson with every planned anchor, term and exercise (COURSE.md's
-    "A lesson" layout). The writer replaces the TODOs; the checker then accepts the anchors and terms."""
+    """A Markdown skeleton of a planned lesson with every planned anchor, term and exercise (the layout of
+    lessons/CONTRIBUTING.md, "A lesson"). The writer replaces the TODOs; the checker then accepts the anchors and terms."""
     nb = f"../notebooks/{lesson.stem}.ipynb"
     stub = f"exercises/{lesson.exercise_module}.py"
     special = {"you-will-learn", "exercises", "questions", "summary"}

@@ -83,7 +83,7 @@ LESSONS: tuple[PlannedLesson, ...] = (
         anchors=("quick-start", "modes", "checking-exercises", "links-and-ids", "generated-blocks"),
     ),
     # Lesson 1 sections: cost-of-a-step (prefill vs decode, memory- vs compute-bound, the step-time knee;
-    # CURRICULUM row 0), request-lifecycle (waiting -> running -> finished, num_computed_tokens),
+    # the experiment that calibrates the simulator), request-lifecycle (waiting -> running -> finished, num_computed_tokens),
     # static-batching, continuous-batching (iteration-level scheduling, the engine loop), token-budget
     # (max_num_batched_tokens, max_num_seqs, chunked prefill, head-of-line blocking), measuring-a-server
     # (TTFT, TPOT, ITL, E2EL, throughput, goodput), load-and-capacity (Poisson arrivals, the hockey stick),
@@ -126,7 +126,7 @@ LESSONS: tuple[PlannedLesson, ...] = (
                   "The scheduler: chunked prefill and prefill/decode disaggregation", minutes=120),
     # Lesson 4 sections: repeated-prefixes (system prompts, few-shot, chat history), hash-chain (block hashes,
     # extra keys, token comparison, evictable blocks), last-token-rule (at most n - 1 tokens, copy-on-write vs
-    # vLLM V1's recompute), ttft-and-throughput (CURRICULUM row 4's paper numbers), hit-rate (whole blocks),
+    # vLLM V1's recompute), ttft-and-throughput (vLLM Fig 16 and SGLang's numbers), hit-rate (whole blocks),
     # eviction (LRU via the free queue, the cliff), tenant-isolation (timing side channel, cache_salt),
     # radix-tree (SGLang vs hash chain), miss-explanations, what-the-simulator-models.
     PlannedLesson(
@@ -168,7 +168,7 @@ LESSONS: tuple[PlannedLesson, ...] = (
                   has_questions=False),
 )
 
-# Interview-bank topics (COURSE.md), in the order the bank lists them.
+# Interview-bank topics (lessons/CONTRIBUTING.md, "Ids, anchors and links"), in the order the bank lists them.
 TOPICS: dict[str, str] = {
     "BATCH": "Batching",
     "SCHED": "Scheduling",

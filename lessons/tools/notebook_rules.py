@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The rules every notebook in notebooks/ follows (COURSE.md, "A notebook"), as checks on the JSON.
+"""The rules every notebook in notebooks/ follows (lessons/CONTRIBUTING.md, "A notebook"), as checks on the JSON.
 
     python lessons/tools/notebook_rules.py            # check notebooks/*.ipynb, exit 1 on a problem
     pytest tests/course/test_notebook_rules.py        # the same, one test per rule

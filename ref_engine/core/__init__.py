@@ -1,4 +1,4 @@
-"""The torch-free policy core shared by the real engine and the simulator (see DESIGN.md)."""
+"""The torch-free policy core shared by the real engine and the simulator (see ARCHITECTURE.md)."""
 
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.interfaces import ScheduledRequest, SchedulerOutput, StepResult

@@ -6,7 +6,7 @@ lengths (outputs are forced with `ignore_eos`, so both sides produce exactly the
 prompts are real token ids when given, otherwise seeded random ids.
 
 Lengths are given as an int (fixed), a `(lo, hi)` tuple (uniform, inclusive) or an `Exponential` (mean,
-capped), the distributions the curriculum's experiments use. Arrivals are "all" at time 0 or a Poisson
+capped), the distributions the lessons' experiments use. Arrivals are "all" at time 0 or a Poisson
 process of `rate` requests per second.
 
 For prefix caching, a request can start with a prefix drawn from a shared *prefix group*: one seeded token

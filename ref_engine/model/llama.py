@@ -45,7 +45,7 @@ class TransposedLinear(nn.Module):
     """`y = x @ W + b` with `W` stored `[in_features, out_features]`, the transpose of `nn.Linear`.
 
     Why: on the 2-core CPU the notebooks run on, one `x @ W` in this layout measured 1.4-2.6x faster than
-    `F.linear` at 64+ rows in float32 (shared/PERF-NOTES.md). Across a whole SmolLM2 decode step on that
+    `F.linear` at 64+ rows in float32 (benchmarks/RESULTS.md, "The machine"). Across a whole SmolLM2 decode step on that
     shared machine the gain stayed within run-to-run noise, so it is a cheap, harmless choice rather than
     a big win. On CUDA both are the same GEMM. A fused projection is one weight whose columns are its
     shards, e.g. q | k | v.

@@ -5,7 +5,7 @@ plots and asserts on. The columns are `RunMetrics` fields plus `side` ("measured
 simulated rows, `*_err_pct`: the simulated number's error relative to the measured one. The engine is only
 imported when a measured side is asked for, so simulator-only sweeps run without torch.
 
-Rule of the house (shared/CURRICULUM.md): numbers the shared core decides (steps, batch composition,
+Rule of the house (lessons/CONTRIBUTING.md, "Experiments"): numbers the shared core decides (steps, batch composition,
 preemptions) must be identical on both sides for workloads whose arrivals do not depend on timing; only
 times may differ, and every table shows by how much.
 

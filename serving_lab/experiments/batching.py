@@ -20,7 +20,7 @@ from sim.cost_model import BatchShape
 
 def step_cost(batch_sizes: Iterable[int], contexts: Iterable[int], prefill_lens: Iterable[int], sides: Sides, *,
               decode_tokens: int = 5, max_num_batched_tokens: int = 16384, seed: int = 0) -> list[dict[str, Any]]:
-    """The cost of one step (CURRICULUM row 0): a decode step of B requests at context C, and a prefill step
+    """The cost of one step (lesson 1, "cost-of-a-step"): a decode step of B requests at context C, and a prefill step
     of one L-token prompt, measured on the engine and priced by the cost model.
 
     Measured: B requests with C-token prompts and `decode_tokens` output tokens arrive at once; once their

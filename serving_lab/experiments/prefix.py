@@ -37,7 +37,7 @@ def shared_prefix_ttft(prefix_lens: Iterable[int], sides: Sides, *, num_groups: 
                        requests_per_group: int = 8, suffix_len: LengthSpec = 50, output_len: LengthSpec = 16,
                        block_size: int = 16, num_kv_blocks: int = 512, max_num_batched_tokens: int = 2048,
                        seed: int = 0) -> list[dict[str, Any]]:
-    """A shared system prompt of each length in `prefix_lens`, cache off vs on (CURRICULUM row 4).
+    """A shared system prompt of each length in `prefix_lens`, cache off vs on (lesson 4, "ttft-and-throughput").
 
     One request per group warms the cache first (not measured); then `requests_per_group` requests per
     group, each the group's prefix plus its own `suffix_len`-token question, arrive at once. With caching

@@ -1,4 +1,4 @@
-"""The core and the simulator must import without torch (DESIGN.md: the core is torch-free)."""
+"""The core and the simulator must import without torch (ARCHITECTURE.md: the core is torch-free)."""
 
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""CI-side checks of the exercises (COURSE.md, "Exercises"): stubs keep the reference's signatures and are
+"""CI-side checks of the exercises (lessons/CONTRIBUTING.md, "Exercises"): stubs keep the reference's signatures and are
 still unsolved. That the reference passes is checked by tests/exercises itself, which runs against the
 reference unless told `--impl=learner` (the last test here pins that default).
 

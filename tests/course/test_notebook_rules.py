@@ -1,4 +1,4 @@
-"""Notebook rules (lessons/tools/notebook_rules.py, COURSE.md "A notebook") over notebooks/*.ipynb, and each
+"""Notebook rules (lessons/tools/notebook_rules.py, lessons/CONTRIBUTING.md, "A notebook") over notebooks/*.ipynb, and each
 rule shown to fail on a bad fixture notebook. With no notebook written yet, the real-folder test passes
 vacuously; the fixture tests always run."""
 

@@ -45,7 +45,7 @@ def test_builtin_datasheet_numbers():
         assert profile.interconnect_bandwidth in (300e9, 450e9)
 
 
-def test_cpu_profile_comes_from_perf_notes():
+def test_cpu_profile_comes_from_the_machine_results():
     cpu = HardwareProfile.named(DEFAULT_CPU_PROFILE)
     assert cpu.source == "datasheet-like estimate"
     assert cpu.memory_bandwidth == pytest.approx(27e9)
