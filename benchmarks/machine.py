@@ -13,8 +13,9 @@ Measures, with torch on `--threads` threads, keeping the fastest of `--repeats` 
 Where a kernel is very slow (bf16 on a CPU without bf16 instructions), the matmul shrinks and the GEMM uses
 fewer copies of W, so that the run stays under a minute; the table names the size it used. Prints one
 Markdown table with the machine, torch version and date. A
-benchmark, not a test: nothing here asserts a speed. The results are in benchmarks/RESULTS.md ("The
-machine"); sim/hardware.py's `LOCAL_CPU` profile and lesson 1's back-of-envelope numbers start from them.
+benchmark, not a test: nothing here asserts a speed. Results are in benchmarks/RESULTS.md ("The machine"),
+next to the course machine's rates that sim/hardware.py's `LOCAL_CPU` profile and lesson 1's
+back-of-envelope numbers start from.
 """
 
 from __future__ import annotations
