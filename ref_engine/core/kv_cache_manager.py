@@ -102,7 +102,7 @@ class KVCacheManager:
         self.host_block_tables: dict[str, list[int]] = {}
         self._num_registered: dict[str, int] = {}  # leading blocks of each table already in the cache
         self._isolation_keys: set[bytes] = set()  # every key seen, to explain cross-tenant misses
-        self.explanations: dict[str, PrefixCacheExplanation] = {}
+        self._explanations: dict[str, PrefixCacheExplanation] = {}  # by request id, until taken
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for this step
 
     # ---- sizing ----
@@ -140,7 +140,7 @@ class KVCacheManager:
             return NO_PREFIX
         prefix = self._lookup(request)
         if self.explain_misses:
-            self.explanations[request.request_id] = self._explain(request, prefix)
+            self._explanations[request.request_id] = self._explain(request, prefix)
         return prefix
 
     def _lookup(self, request: Request) -> CachedPrefix:
@@ -174,6 +174,10 @@ class KVCacheManager:
         if not self.enable_caching:
             return PrefixCacheExplanation(request.num_tokens, 0, "caching_disabled")
         return self._explain(request, self._lookup(request))
+
+    def take_explanation(self, request_id: str) -> PrefixCacheExplanation | None:
+        """The explanation recorded at the request's last lookup (see `explain_misses`), given once."""
+        return self._explanations.pop(request_id, None)
 
     def _explain(self, request: Request, prefix: CachedPrefix) -> PrefixCacheExplanation:
         bs = self.block_size

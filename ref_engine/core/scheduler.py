@@ -28,13 +28,15 @@ reserves each member's whole prompt + max_tokens up front, and admits nobody unt
 finished.
 
 Speculative decoding (lesson 5) is the same rule with a longer N: a decoding request that carries
-`spec_token_ids` gets its next token plus those drafts (1 + k tokens, counted in the budget and in
-`allocate_slots`), and `update_from_output` moves `num_computed_tokens` back over the drafts the verifier
-rejected. Their slots stay allocated and are overwritten by later tokens. `requests_to_speculate` says who
-may get drafts (and how many), so the engine's proposers and the simulator's follow one rule.
+`spec_token_ids` (set by `update_draft_token_ids`, vLLM's name, after the step's update) gets its next
+token plus those drafts (1 + k tokens, counted in the budget and in `allocate_slots`), and
+`update_from_output` moves `num_computed_tokens` back over the drafts the verifier rejected. Their slots
+stay allocated and are overwritten by later tokens. `requests_to_speculate` says who may get drafts (and
+how many), so the engine's proposers and the simulator's follow one rule.
 
 Everything is plain Python with no clock and no tensors: callers pass `now`, so the real engine (wall
-clock) and the simulator (SimPy clock) drive the very same objects.
+clock) and the simulator (SimPy clock) drive the very same objects, through the methods below and nothing
+else (`get_request`, `finish_request`, `update_draft_token_ids`, `take_prefix_cache_explanation`, ...).
 
 Lesson: lessons/01-continuous-batching.md; preemption in lessons/02-paged-attention.md; cache lookups in
 lessons/04-prefix-caching.md; speculation in lessons/05-speculative-decoding.md.
@@ -47,7 +49,7 @@ from dataclasses import dataclass, field
 
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
-from ref_engine.core.kv_cache_manager import KVCacheManager
+from ref_engine.core.kv_cache_manager import KVCacheManager, PrefixCacheExplanation
 from ref_engine.core.request import Request, RequestStatus
 from ref_engine.core.request_queue import FCFSRequestQueue, RequestQueue
 from ref_engine.core.scheduler_registry import SCHEDULERS, register_scheduler
@@ -80,6 +82,7 @@ class Scheduler:
             num_swap = num_kv_blocks if config.num_swap_blocks is None else config.num_swap_blocks
         else:
             num_swap = 0
+        self.num_swap_blocks = num_swap  # the host pool's size, for the executor's swap space
         self.kv_cache_manager = KVCacheManager(
             config.block_size, num_kv_blocks, num_swap_blocks=num_swap,
             allocation=config.kv_allocation, max_model_len=config.max_model_len,
@@ -116,12 +119,27 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
 
+    def get_request(self, request_id: str) -> Request | None:
+        """The unfinished request with this id, or None."""
+        return self.requests.get(request_id)
+
     def abort_request(self, request_id: str, now: float = 0.0) -> Request | None:
         """Stop a request wherever it is; returns it, or None if it is unknown or already finished."""
-        return self.finish_request(request_id, RequestStatus.FINISHED_ABORTED, now)
+        request = self.finish_request(request_id, RequestStatus.FINISHED_ABORTED, now)
+        if request is not None:
+            self.kv_cache_manager.take_explanation(request_id)  # nobody will ask for it
+        return request
 
-    def finish_request(self, request_id: str, status: RequestStatus, now: float) -> Request | None:
-        """End a request from outside the step loop (abort, or a stop string the engine detected)."""
+    def finish_request(self, request_id: str, status: RequestStatus, now: float, *,
+                       num_output_tokens: int | None = None) -> Request | None:
+        """End a request from outside the step loop (an abort, or a stop string the engine detected).
+
+        `num_output_tokens` keeps only that many output tokens: a stop string can end amid the several
+        tokens a verify step appended. The request's counts follow the cut (token times, computed tokens,
+        hashed blocks). It happens only as the request finishes: blocks already registered in the prefix
+        cache may hold the dropped tokens (their K/V is right for them, so the cache stays valid), and a
+        request going on would write other tokens into them.
+        """
         request = self.requests.get(request_id)
         if request is None:
             return None
@@ -129,12 +147,21 @@ class Scheduler:
             self.running.remove(request)
         else:
             self.waiting.remove_request(request)
+        if num_output_tokens is not None:
+            del request.output_token_ids[num_output_tokens:], request.token_times[num_output_tokens:]
+            request.first_token_time = request.token_times[0] if request.token_times else None
+            request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
+            del request.block_hashes[request.num_tokens // self.config.block_size:]
         request.status = status
         self._release(request, now)
         return request
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        """Requests waiting or running (what a least-loaded router compares)."""
+        return len(self.requests)
 
     @property
     def num_waiting(self) -> int:
@@ -143,6 +170,11 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self.running)
+
+    def take_prefix_cache_explanation(self, request_id: str) -> PrefixCacheExplanation | None:
+        """Why the request's prompt hit the prefix cache as far as it did, as of its (last) admission; None
+        unless the scheduler was built with `explain_misses` and caching on. Given once, then forgotten."""
+        return self.kv_cache_manager.take_explanation(request_id)
 
     # ---- one step ----
 
@@ -293,6 +325,15 @@ class Scheduler:
             if request.num_tokens - request.num_computed_tokens == 1 and most > 0:
                 candidates.append((request, most))
         return candidates
+
+    def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
+        """Give requests the draft tokens a proposer made for the next step (vLLM's name), after
+        `update_from_output`; ids of requests that finished meanwhile are skipped."""
+        requests = self.requests
+        for request_id, token_ids in draft_token_ids.items():
+            request = requests.get(request_id)
+            if request is not None:
+                request.spec_token_ids = token_ids
 
     # ---- helpers ----
 
