@@ -85,7 +85,7 @@ class LLMEngine:
                                         explain_misses=True)
         self.runner = ModelRunner(
             loaded.model, self.arch, num_kv_blocks=self.num_kv_blocks,
-            num_swap_blocks=self.scheduler.kv_cache_manager.host_pool.num_blocks,
+            num_swap_blocks=self.scheduler.num_swap_blocks,
             block_size=self.config.block_size, dtype=self.dtype, device=self.device)
         self.sampler = Sampler(self.config.seed, self.device)
         self.rejection_sampler = RejectionSampler(self.sampler)
@@ -153,7 +153,6 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         if self.scheduler.abort_request(request_id, self.now()) is not None:
             self._states.pop(request_id, None)
-            self.scheduler.kv_cache_manager.explanations.pop(request_id, None)
             if self.proposer is not None:
                 self.proposer.free(request_id)
 
@@ -182,7 +181,7 @@ class LLMEngine:
     def _sample(self, output: SchedulerOutput, request_ids: list[str], logits: torch.Tensor) -> dict[str, list[int]]:
         """New tokens per request: the sampler's one, or the verified drafts plus one when it had drafts."""
         scheduled = {s.request_id: s for s in output.scheduled}
-        requests = [self.scheduler.requests[r] for r in request_ids]
+        requests = [self.scheduler.get_request(r) for r in request_ids]
         rows = [(r, j) for r in requests for j in range(scheduled[r.request_id].num_draft_tokens + 1)]
         meta = SamplingMetadata.build(
             [r.sampling_params for r, _ in rows], [self._states[r.request_id].generator for r, _ in rows],
@@ -216,8 +215,8 @@ class LLMEngine:
         requests = [r for r, _ in candidates]
         drafts = self.proposer.propose(requests, [k for _, k in candidates],
                                        [self._states[r.request_id].generator for r in requests])
+        self.scheduler.update_draft_token_ids({r.request_id: d.token_ids for r, d in zip(requests, drafts)})
         for request, draft in zip(requests, drafts):
-            request.spec_token_ids = draft.token_ids
             self._states[request.request_id].draft_probs = draft.probs
 
     # ---- helpers ----
@@ -288,29 +287,29 @@ class LLMEngine:
         stopped = []
         done = {r.request_id for r in finished}
         for request_id in sampled:
-            request = self.scheduler.requests.get(request_id)
+            request = self.scheduler.get_request(request_id)
             if request is None or request_id in done or not request.sampling_params.stop:
                 continue
             text = self.tokenizer.decode(request.output_token_ids)
             if any(s in text for s in request.sampling_params.stop):
-                text = self._cut_at_stop(request, len(sampled[request_id]))
+                keep, text = self._cut_at_stop(request, len(sampled[request_id]))
                 index, stop = min((text.find(s), s) for s in request.sampling_params.stop if s in text)
                 state = self._states[request_id]
                 state.stop_reason = stop
                 state.stop_text_end = index + len(stop) if request.sampling_params.include_stop_str_in_output else index
-                stopped.append(self.scheduler.finish_request(request_id, RequestStatus.FINISHED_STOPPED, now))
+                stopped.append(self.scheduler.finish_request(request_id, RequestStatus.FINISHED_STOPPED, now,
+                                                             num_output_tokens=keep))
         return stopped
 
-    def _cut_at_stop(self, request: Request, num_new: int) -> str:
-        """Drop this step's tokens after the first one that completes a stop string, as if they had come
-        one per step (a verify step emits several); returns the text of the tokens kept."""
+    def _cut_at_stop(self, request: Request, num_new: int) -> tuple[int, str]:
+        """How many output tokens to keep: up to the first of this step's tokens that completes a stop
+        string, as if they had come one per step (a verify step emits several); and the text of those."""
         stops = request.sampling_params.stop
         out = request.output_token_ids
         for keep in range(len(out) - num_new + 1, len(out) + 1):
             text = self.tokenizer.decode(out[:keep])
             if any(s in text for s in stops):
-                del out[keep:], request.token_times[keep:]
-                return text
+                return keep, text
         raise AssertionError("a stop string was found in the whole text but in none of its prefixes")
 
     def _finish(self, request: Request) -> RequestOutput:
@@ -329,7 +328,7 @@ class LLMEngine:
         completion = CompletionOutput(index=0, text=text, token_ids=list(request.output_token_ids),
                                       finish_reason=request.status.finish_reason, stop_reason=stop_reason,
                                       logprobs=state.logprobs)
-        explanation = self.scheduler.kv_cache_manager.explanations.pop(request.request_id, None)
+        explanation = self.scheduler.take_prefix_cache_explanation(request.request_id)
         return RequestOutput(request_id=request.request_id, prompt=state.prompt,
                              prompt_token_ids=request.prompt_token_ids, outputs=[completion], finished=True,
                              num_preemptions=request.num_preemptions,

@@ -9,8 +9,9 @@ executor drive the very same core `Scheduler`; they differ only in how a step is
     sample one token per finished chunk      one dummy token per request that `needs_logits`
     update_from_output(output, result, now)  update_from_output(output, result, env.now)
 
-With speculative decoding, a `SimulatedProposer` (sim/spec_decode.py) drafts dummy tokens before each
-schedule and says after the step how many the verifier accepted; the scheduler rolls back the rest.
+With speculative decoding, a `SimulatedProposer` (sim/spec_decode.py) says after each step how many drafts
+the verifier accepted (the scheduler rolls back the rest) and, after the update, drafts dummy tokens for
+the next step: the engine's loop, move for move.
 
 Outputs are lengths, not text: requests carry `ignore_eos`, so each ends at exactly `max_tokens`, and the
 token id a step "samples" does not matter. Time comes from a `StepTimer`:
@@ -114,7 +115,7 @@ class SimulatedExecutor:
     @property
     def num_unfinished(self) -> int:
         """Requests waiting or running here (what a least-loaded router compares)."""
-        return len(self.scheduler.requests)
+        return self.scheduler.get_num_unfinished_requests()
 
     def add_request(self, request: Request) -> simpy.Event | None:
         """Queue `request` now. Returns an event that fires with the request when it finishes, or None
@@ -142,8 +143,6 @@ class SimulatedExecutor:
     def _engine_loop(self) -> Generator[simpy.Event, None, None]:
         env, scheduler = self.env, self.scheduler
         while True:
-            if self.proposer is not None:
-                self.proposer.propose(scheduler)
             output = scheduler.schedule(env.now)
             if output.is_empty:
                 self._wakeup = env.event()
@@ -158,6 +157,8 @@ class SimulatedExecutor:
             else:
                 result = StepResult({s.request_id: [DUMMY_TOKEN_ID] for s in output.scheduled if s.needs_logits})
             finished = scheduler.update_from_output(output, result, now=env.now)
+            if self.proposer is not None:
+                self.proposer.propose(scheduler)
             self.steps.append(StepRecord.from_output(output, start, duration, result))
             for request in finished:
                 self._finished_events.pop(request.request_id).succeed(request)

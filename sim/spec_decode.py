@@ -11,7 +11,8 @@ says how many drafts a request carries into a step and how many of them the veri
   makes exactly the engine's decisions and only step times can differ.
 
 `SimulatedProposer` applies the model around the shared core's rule (`Scheduler.requests_to_speculate`):
-it sets dummy `spec_token_ids` before a step and returns accepted + 1 dummy tokens per verify after it.
+after each step's update, as the engine's proposers do, it hands the scheduler dummy drafts for the next
+step (`Scheduler.update_draft_token_ids`), and after a step it returns accepted + 1 dummy tokens per verify.
 `DraftCostTimer` adds the draft model's k forward passes to the target's step time, priced by a second
 `CostModel` on the draft's own dimensions (n-gram lookup costs nothing here).
 
@@ -89,16 +90,17 @@ def expected_tokens_per_step(acceptance_rate: float, k: int) -> float:
 
 
 class SimulatedProposer:
-    """Dummy drafts before a step and dummy verified tokens after it, as `acceptance` decides."""
+    """Dummy drafts for the next step and dummy verified tokens after a step, as `acceptance` decides."""
 
     def __init__(self, acceptance: AcceptanceModel) -> None:
         self.acceptance = acceptance
 
     def propose(self, scheduler: Scheduler) -> None:
+        """Drafts for the step the scheduler runs next; call after `update_from_output`."""
         step_id = scheduler.num_steps
-        for request, most in scheduler.requests_to_speculate():
-            n = self.acceptance.num_drafts(step_id, request.request_id, most)
-            request.spec_token_ids = [DUMMY_TOKEN_ID] * n
+        scheduler.update_draft_token_ids({
+            request.request_id: [DUMMY_TOKEN_ID] * self.acceptance.num_drafts(step_id, request.request_id, most)
+            for request, most in scheduler.requests_to_speculate()})
 
     def verify(self, output: SchedulerOutput) -> StepResult:
         return StepResult({

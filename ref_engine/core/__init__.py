@@ -4,11 +4,14 @@ from ref_engine.core.config import EngineConfig
 from ref_engine.core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
 from ref_engine.core.metrics import RunMetrics, StepRecord, relative_error
 from ref_engine.core.request import Request, RequestStatus
-from ref_engine.core.scheduler import Scheduler, StaticScheduler, make_scheduler
+from ref_engine.core.request_queue import FCFSRequestQueue, RequestQueue
+from ref_engine.core.scheduler import Scheduler, StaticScheduler, StepPlan, make_scheduler
+from ref_engine.core.scheduler_registry import SCHEDULERS, register_scheduler
 from ref_engine.core.workload import Exponential, Workload, WorkloadRequest
 
 __all__ = [
-    "EngineConfig", "Exponential", "Request", "RequestStatus", "RunMetrics", "ScheduledRequest", "Scheduler",
-    "SchedulerOutput", "StaticScheduler", "StepRecord", "StepResult", "Workload", "WorkloadRequest",
-    "make_scheduler", "relative_error",
+    "SCHEDULERS", "EngineConfig", "Exponential", "FCFSRequestQueue", "Request", "RequestQueue", "RequestStatus",
+    "RunMetrics", "ScheduledRequest", "Scheduler", "SchedulerOutput", "StaticScheduler", "StepPlan",
+    "StepRecord", "StepResult", "Workload", "WorkloadRequest", "make_scheduler", "register_scheduler",
+    "relative_error",
 ]

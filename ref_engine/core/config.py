@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
+from ref_engine.core.scheduler_registry import SCHEDULERS
+
 CPU_KV_CACHE_MEMORY = 1 << 30  # the KV pool on a CPU when no size is configured, engine and simulator alike
 
-SchedulingPolicy = Literal["continuous", "static"]
 PreemptionMode = Literal["recompute", "swap"]
 KVAllocation = Literal["paged", "contiguous", "contiguous_exact"]
 SpeculativeMethod = Literal["ngram", "draft_model"]
@@ -37,7 +38,7 @@ class EngineConfig:
     num_swap_blocks: int | None = None  # host pool for preemption_mode="swap" (None: as many as the device pool)
     enable_chunked_prefill: bool = True
     preemption_mode: PreemptionMode = "recompute"
-    scheduling: SchedulingPolicy = "continuous"
+    scheduling: str = "continuous"  # a policy registered in SCHEDULERS: "continuous", "static" or a plug-in
     kv_allocation: KVAllocation = "paged"  # "contiguous*" reserve whole sequences up front (lesson 2)
     enable_prefix_caching: bool = True  # reuse computed KV blocks by content hash (vLLM's default: on)
     seed: int = 0
@@ -67,7 +68,7 @@ class EngineConfig:
                                                  or self.num_swap_blocks < 0):
             raise ValueError(f"num_swap_blocks must be a non-negative integer or None, got {self.num_swap_blocks!r}")
         _check_choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
-        _check_choice("scheduling", self.scheduling, ("continuous", "static"))
+        _check_choice("scheduling", self.scheduling, tuple(SCHEDULERS))
         _check_choice("kv_allocation", self.kv_allocation, ("paged", "contiguous", "contiguous_exact"))
         self._check_speculative()
         if (not self.enable_chunked_prefill and self.max_model_len is not None

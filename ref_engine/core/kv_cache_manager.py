@@ -13,7 +13,11 @@ Live tokens (the scheduler counts them) vs `num_reserved_slots` is the fragmenta
 With prefix caching (`enable_caching`), a request first looks up the longest run of its leading full
 blocks that some earlier request already computed (`get_computed_blocks`, by content hash) and shares them
 instead of computing them again; each block it completes is registered for later requests
-(`cache_full_blocks`). `explain_prefix` says why a lookup stopped where it did.
+(`cache_full_blocks`). `explain_prefix` says why a lookup stopped where it did. With `explain_misses`
+(the engine's choice; the simulator leaves it off and pays nothing), each admitted request's explanation
+is recorded as its table is first allocated, from the cache as its lookup saw it: explaining later would
+describe another cache (its own blocks registered, others evicted), and explaining every lookup would
+scan the pool each step a request waits at the head of the queue.
 
 Preemption by swap moves a request's blocks to a host pool and back; the manager only decides which block
 goes where and returns the copy plan, which executors carry out.
@@ -89,20 +93,20 @@ class KVCacheManager:
                  allocation: KVAllocation = "paged", max_model_len: int = 2048, enable_caching: bool = False,
                  cache_namespace: str = "", explain_misses: bool = False) -> None:
         """`cache_namespace` names the model, so hashes from two models never meet; `explain_misses`
-        records a `PrefixCacheExplanation` per request at its lookup (the engine turns it on)."""
+        records a `PrefixCacheExplanation` per admitted request (the engine turns it on)."""
         self.block_size = block_size
         self.allocation = allocation
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.cache_namespace = cache_namespace
-        self.explain_misses = explain_misses
-        self.block_pool = BlockPool(num_blocks, remember_evictions=explain_misses)
+        self.explain_misses = explain_misses and enable_caching
+        self.block_pool = BlockPool(num_blocks, remember_evictions=self.explain_misses)
         self.host_pool = BlockPool(num_swap_blocks)
         self.block_tables: dict[str, list[int]] = {}
         self.host_block_tables: dict[str, list[int]] = {}
         self._num_registered: dict[str, int] = {}  # leading blocks of each table already in the cache
         self._isolation_keys: set[bytes] = set()  # every key seen, to explain cross-tenant misses
-        self.explanations: dict[str, PrefixCacheExplanation] = {}
+        self._explanations: dict[str, PrefixCacheExplanation] = {}  # by request id, until taken
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for this step
 
     # ---- sizing ----
@@ -138,10 +142,7 @@ class KVCacheManager:
         """
         if not self.enable_caching or request.num_computed_tokens:
             return NO_PREFIX
-        prefix = self._lookup(request)
-        if self.explain_misses:
-            self.explanations[request.request_id] = self._explain(request, prefix)
-        return prefix
+        return self._lookup(request)
 
     def _lookup(self, request: Request) -> CachedPrefix:
         hashes = self.block_hashes(request)
@@ -174,6 +175,10 @@ class KVCacheManager:
         if not self.enable_caching:
             return PrefixCacheExplanation(request.num_tokens, 0, "caching_disabled")
         return self._explain(request, self._lookup(request))
+
+    def take_explanation(self, request_id: str) -> PrefixCacheExplanation | None:
+        """The explanation recorded at the request's last admission (see `explain_misses`), given once."""
+        return self._explanations.pop(request_id, None)
 
     def _explain(self, request: Request, prefix: CachedPrefix) -> PrefixCacheExplanation:
         bs = self.block_size
@@ -232,6 +237,8 @@ class KVCacheManager:
         reclaimed = sum(1 for b in shared if pool.ref_cnt[b] == 0)  # hits that sit in the free queue
         if max(missing, 0) + reclaimed > pool.num_free_blocks:
             return None
+        if table is None and self.explain_misses:  # an admission: explain before this allocation evicts
+            self._explanations[request.request_id] = self._explain(request, prefix)
         pool.touch(shared)  # before allocating, so the hits cannot be evicted by it
         new_blocks = pool.get_new_blocks(max(missing, 0))
         if table is None:

@@ -4,29 +4,39 @@ One rule covers everything: each request has `num_computed_tokens`, and a step g
 N >= 1 new tokens under one token budget (`max_num_batched_tokens`). A whole prompt, a prefill chunk and a
 decode token differ only in N.
 
-`Scheduler` is **continuous batching** (Orca's iteration-level scheduling, as in vLLM):
-1. running requests first, in admission order: each gets its remaining tokens (1 when decoding, the rest
-   of its prompt when prefilling), cut to the budget left (chunked prefill);
-2. if a running request needs a KV block and none is free, the most recently admitted running request is
-   preempted: by recompute (free its blocks, requeue it at the head, recompute prompt + output later) or
-   by swap (copy its blocks to the host pool; recompute when the host pool is full);
-3. if nothing was preempted, waiting requests are admitted in arrival order while budget, `max_num_seqs`
-   and free blocks last. A request joins the batch the step after another leaves: no bubbles. With
-   prefix caching, an admitted request starts with its cached leading blocks already computed, so only
-   the rest of its prompt counts against the budget;
-4. after the step, every block a request completed is registered in the prefix cache.
+`Scheduler` is **continuous batching** (Orca's iteration-level scheduling, as in vLLM). `schedule` runs
+two phases that fill one `StepPlan`:
+1. `schedule_running`: running requests first, in admission order: each gets its remaining tokens (1 when
+   decoding, the rest of its prompt when prefilling), cut to the budget left (chunked prefill);
+2. if a running request needs a KV block and none is free, a victim is preempted (`select_victim`: the
+   most recently admitted running request): by recompute (free its blocks, requeue it at the head,
+   recompute prompt + output later) or by swap (copy its blocks to the host pool; recompute when the host
+   pool is full);
+3. `schedule_waiting`, only if nothing was preempted: waiting requests are admitted in the waiting queue's
+   order (`request_queue_class`: first come, first served) while budget, `max_num_seqs` and free blocks
+   last; the first that does not fit stops admission. A request joins the batch the step after another
+   leaves: no bubbles. With prefix caching, an admitted request starts with its cached leading blocks
+   already computed, so only the rest of its prompt counts against the budget;
+4. after the step (`update_from_output`), every block a request completed is registered in the prefix
+   cache.
+
+A scheduling policy is a subclass that overrides some of these parts (the queue's order, the victim, how
+a phase spends the budget) and registers under a name with `@register_scheduler`
+(ref_engine/core/scheduler_registry.py); `EngineConfig(scheduling=name)` then selects it, in the engine
+and in the simulator alike. `StaticScheduler`, the baseline lesson 1 contrasts, is one: it forms a batch,
+reserves each member's whole prompt + max_tokens up front, and admits nobody until every member has
+finished.
 
 Speculative decoding (lesson 5) is the same rule with a longer N: a decoding request that carries
-`spec_token_ids` gets its next token plus those drafts (1 + k tokens, counted in the budget and in
-`allocate_slots`), and `update_from_output` moves `num_computed_tokens` back over the drafts the verifier
-rejected. Their slots stay allocated and are overwritten by later tokens. `requests_to_speculate` says who
-may get drafts (and how many), so the engine's proposers and the simulator's follow one rule.
+`spec_token_ids` (set by `update_draft_token_ids`, vLLM's name, after the step's update) gets its next
+token plus those drafts (1 + k tokens, counted in the budget and in `allocate_slots`), and
+`update_from_output` moves `num_computed_tokens` back over the drafts the verifier rejected. Their slots
+stay allocated and are overwritten by later tokens. `requests_to_speculate` says who may get drafts (and
+how many), so the engine's proposers and the simulator's follow one rule.
 
-`StaticScheduler` is the baseline lesson 1 contrasts: it forms a batch, reserves each member's whole
-prompt + max_tokens up front, and admits nobody until every member has finished.
-
-Both are plain Python with no clock and no tensors: callers pass `now`, so the real engine (wall clock)
-and the simulator (SimPy clock) drive the very same objects.
+Everything is plain Python with no clock and no tensors: callers pass `now`, so the real engine (wall
+clock) and the simulator (SimPy clock) drive the very same objects, through the methods below and nothing
+else (`get_request`, `finish_request`, `update_draft_token_ids`, `take_prefix_cache_explanation`, ...).
 
 Lesson: lessons/01-continuous-batching.md; preemption in lessons/02-paged-attention.md; cache lookups in
 lessons/04-prefix-caching.md; speculation in lessons/05-speculative-decoding.md.
@@ -34,16 +44,33 @@ lessons/04-prefix-caching.md; speculation in lessons/05-speculative-decoding.md.
 
 from __future__ import annotations
 
-from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
-from ref_engine.core.kv_cache_manager import KVCacheManager
+from ref_engine.core.kv_cache_manager import KVCacheManager, PrefixCacheExplanation
 from ref_engine.core.request import Request, RequestStatus
+from ref_engine.core.request_queue import FCFSRequestQueue, RequestQueue
+from ref_engine.core.scheduler_registry import SCHEDULERS, register_scheduler
 
 
+@dataclass
+class StepPlan:
+    """One step's decisions so far: the phases of `Scheduler.schedule` add to it, in batch order."""
+
+    token_budget: int  # tokens this step may still schedule
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, its new tokens)
+    preempted: list[str] = field(default_factory=list)  # request ids, in the order they were preempted
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, host block)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host block, device block)
+
+
+@register_scheduler("continuous")
 class Scheduler:
     """Continuous batching with chunked prefill and preemption."""
+
+    request_queue_class: type[RequestQueue] = FCFSRequestQueue  # the waiting queue's order
 
     def __init__(self, config: EngineConfig, num_kv_blocks: int, *, cache_namespace: str = "",
                  explain_misses: bool = False) -> None:
@@ -55,13 +82,14 @@ class Scheduler:
             num_swap = num_kv_blocks if config.num_swap_blocks is None else config.num_swap_blocks
         else:
             num_swap = 0
+        self.num_swap_blocks = num_swap  # the host pool's size, for the executor's swap space
         self.kv_cache_manager = KVCacheManager(
             config.block_size, num_kv_blocks, num_swap_blocks=num_swap,
             allocation=config.kv_allocation, max_model_len=config.max_model_len,
             enable_caching=config.enable_prefix_caching, cache_namespace=cache_namespace,
             explain_misses=explain_misses)
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.waiting: RequestQueue = self.request_queue_class()
+        self.running: list[Request] = []  # in admission order
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self.num_preemptions = 0
         self.num_steps = 0
@@ -89,27 +117,51 @@ class Scheduler:
                 f"({request.max_total_tokens} tokens, kv_allocation={cfg.kv_allocation!r}) but the pool "
                 f"has {pool}; raise num_kv_blocks / kv_cache_memory or lower max_tokens")
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self.waiting.add_request(request)
+
+    def get_request(self, request_id: str) -> Request | None:
+        """The unfinished request with this id, or None."""
+        return self.requests.get(request_id)
 
     def abort_request(self, request_id: str, now: float = 0.0) -> Request | None:
         """Stop a request wherever it is; returns it, or None if it is unknown or already finished."""
-        return self.finish_request(request_id, RequestStatus.FINISHED_ABORTED, now)
+        request = self.finish_request(request_id, RequestStatus.FINISHED_ABORTED, now)
+        if request is not None:
+            self.kv_cache_manager.take_explanation(request_id)  # nobody will ask for it
+        return request
 
-    def finish_request(self, request_id: str, status: RequestStatus, now: float) -> Request | None:
-        """End a request from outside the step loop (abort, or a stop string the engine detected)."""
+    def finish_request(self, request_id: str, status: RequestStatus, now: float, *,
+                       num_output_tokens: int | None = None) -> Request | None:
+        """End a request from outside the step loop (an abort, or a stop string the engine detected).
+
+        `num_output_tokens` keeps only that many output tokens: a stop string can end amid the several
+        tokens a verify step appended. The request's counts follow the cut (token times, computed tokens,
+        hashed blocks). It happens only as the request finishes: blocks already registered in the prefix
+        cache may hold the dropped tokens (their K/V is right for them, so the cache stays valid), and a
+        request going on would write other tokens into them.
+        """
         request = self.requests.get(request_id)
         if request is None:
             return None
         if request in self.running:
             self.running.remove(request)
         else:
-            self.waiting.remove(request)
+            self.waiting.remove_request(request)
+        if num_output_tokens is not None:
+            del request.output_token_ids[num_output_tokens:], request.token_times[num_output_tokens:]
+            request.first_token_time = request.token_times[0] if request.token_times else None
+            request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
+            del request.block_hashes[request.num_tokens // self.config.block_size:]
         request.status = status
         self._release(request, now)
         return request
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        """Requests waiting or running (what a least-loaded router compares)."""
+        return len(self.requests)
 
     @property
     def num_waiting(self) -> int:
@@ -119,54 +171,111 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running)
 
+    def take_prefix_cache_explanation(self, request_id: str) -> PrefixCacheExplanation | None:
+        """Why the request's prompt hit the prefix cache as far as it did, as of its (last) admission; None
+        unless the scheduler was built with `explain_misses` and caching on. Given once, then forgotten."""
+        return self.kv_cache_manager.take_explanation(request_id)
+
     # ---- one step ----
 
     def schedule(self, now: float) -> SchedulerOutput:
-        """Spend this step's token budget; see the module docstring for the order."""
-        budget = self.config.max_num_batched_tokens
+        """Spend this step's token budget: `schedule_running`, then `schedule_waiting` unless a request was
+        preempted (memory is short, so a newcomer would only push someone out again)."""
         proposed = {r.request_id: len(r.spec_token_ids) for r in self.running if r.spec_token_ids}
-        planned: list[tuple[Request, int]] = []
-        preempted: list[str] = []
-        swap_out: list[tuple[int, int]] = []
-        swap_in: list[tuple[int, int]] = []
+        plan = StepPlan(self.config.max_num_batched_tokens)
+        self.schedule_running(plan)
+        if not plan.preempted:
+            self.schedule_waiting(plan, now)
+        return self._make_output(plan, proposed)
 
+    def schedule_running(self, plan: StepPlan) -> None:
+        """Give each running request, in admission order, its remaining tokens (plus its drafts when it
+        decodes) cut to the budget left; when its KV blocks cannot grow, preempt `select_victim`'s choice
+        among the requests not yet scheduled, until they can or the request itself was the victim."""
+        kv = self.kv_cache_manager
+        running = self.running
+        scheduled = plan.scheduled
+        budget = plan.token_budget
         i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
+        while i < len(running) and budget > 0:
+            request = running[i]
             remaining = request.num_tokens - request.num_computed_tokens
             num_drafts = len(request.spec_token_ids) if remaining == 1 else 0  # drafts follow a decode token
             n = min(remaining + num_drafts, budget)
-            while self.kv_cache_manager.allocate_slots(request, n) is None:
-                victim = self.running.pop()  # the most recently admitted request
-                swap_out += self._preempt(victim)
-                preempted.append(victim.request_id)
+            while kv.allocate_slots(request, n) is None:
+                victim = self.select_victim(running[i:])
+                self.preempt(victim, plan)
                 if victim is request:
                     break
             else:
-                planned.append((request, n))
+                scheduled.append((request, n))
                 budget -= n
                 i += 1
+        plan.token_budget = budget
 
-        while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            prefix = self.kv_cache_manager.get_computed_blocks(request)
+    def schedule_waiting(self, plan: StepPlan, now: float) -> None:
+        """Admit waiting requests in the queue's order while budget, `max_num_seqs` and free blocks last.
+        Each gets its remaining tokens after its cached prefix, or (chunked prefill) what the budget has
+        left; the first that does not fit stops admission, so the queue's order is never overtaken."""
+        kv = self.kv_cache_manager
+        waiting = self.waiting
+        max_num_seqs = self.config.max_num_seqs
+        budget = plan.token_budget
+        while waiting and budget > 0 and len(self.running) < max_num_seqs:
+            request = waiting.peek_request()
+            prefix = kv.get_computed_blocks(request)
             n = request.num_tokens - request.num_computed_tokens - prefix.num_tokens
             if n > budget:
                 if not self.config.enable_chunked_prefill:
                     break
                 n = budget
             if request.status is RequestStatus.SWAPPED:
-                plan = self.kv_cache_manager.swap_in(request, n)
-                if plan is None:
+                swap_in = kv.swap_in(request, n)
+                if swap_in is None:
                     break
-                swap_in += plan
-            elif self.kv_cache_manager.allocate_slots(request, n, prefix) is None:
+                plan.swap_in += swap_in
+            elif kv.allocate_slots(request, n, prefix) is None:
                 break
-            self._admit(self.waiting.popleft(), now, prefix.num_tokens)
-            planned.append((request, n))
+            self.admit(waiting.pop_request(), now, prefix.num_tokens)
+            plan.scheduled.append((request, n))
             budget -= n
+        plan.token_budget = budget
 
-        return self._make_output(planned, preempted, swap_out, swap_in, proposed)
+    def select_victim(self, candidates: Sequence[Request]) -> Request:
+        """The request to preempt when KV blocks run out. `candidates` are the running requests not yet
+        scheduled this step, in admission order (the last is the one that needs the block); the default is
+        the most recently admitted, which has the least work to lose."""
+        return candidates[-1]
+
+    def admit(self, request: Request, now: float, num_cached_tokens: int = 0) -> None:
+        """Move a request, already popped from the waiting queue and given its KV blocks, to running; its
+        first `num_cached_tokens` uncomputed tokens came from the prefix cache."""
+        request.num_computed_tokens += num_cached_tokens
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_cached_tokens
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = now
+
+    def preempt(self, request: Request, plan: StepPlan) -> None:
+        """Take a running request off the device and put it back at the head of the waiting queue: swapped
+        to the host pool if `preemption_mode="swap"` and the host pool has room, else to be recomputed."""
+        self.running.remove(request)
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        plan.preempted.append(request.request_id)
+        self.waiting.prepend_request(request)
+        if self.config.preemption_mode == "swap":
+            swap_out = self.kv_cache_manager.swap_out(request.request_id)
+            if swap_out is not None:
+                request.status = RequestStatus.SWAPPED
+                plan.swap_out += swap_out
+                return
+        self.kv_cache_manager.free(request.request_id)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        request.spec_token_ids = []
 
     def update_from_output(self, output: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
         """Advance every scheduled request by its tokens, append sampled tokens, retire finished ones."""
@@ -217,45 +326,26 @@ class Scheduler:
                 candidates.append((request, most))
         return candidates
 
+    def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
+        """Give requests the draft tokens a proposer made for the next step (vLLM's name), after
+        `update_from_output`; ids of requests that finished meanwhile are skipped."""
+        requests = self.requests
+        for request_id, token_ids in draft_token_ids.items():
+            request = requests.get(request_id)
+            if request is not None:
+                request.spec_token_ids = token_ids
+
     # ---- helpers ----
-
-    def _admit(self, request: Request, now: float, num_cached: int = 0) -> None:
-        """Move a request to running; its first `num_cached` uncomputed tokens came from the prefix cache."""
-        request.num_computed_tokens += num_cached
-        if request.num_cached_tokens is None:
-            request.num_cached_tokens = num_cached
-        request.status = RequestStatus.RUNNING
-        self.running.append(request)
-        if request.first_scheduled_time is None:
-            request.first_scheduled_time = now
-
-    def _preempt(self, request: Request) -> list[tuple[int, int]]:
-        """Take a running request off the device; returns the swap-out copy plan (empty for recompute)."""
-        request.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.appendleft(request)
-        if self.config.preemption_mode == "swap":
-            plan = self.kv_cache_manager.swap_out(request.request_id)
-            if plan is not None:
-                request.status = RequestStatus.SWAPPED
-                return plan
-        self.kv_cache_manager.free(request.request_id)
-        request.num_computed_tokens = 0
-        request.status = RequestStatus.WAITING
-        request.spec_token_ids = []
-        return []
 
     def _release(self, request: Request, now: float) -> None:
         self.kv_cache_manager.free(request.request_id)
         del self.requests[request.request_id]
         request.finish_time = now
 
-    def _make_output(self, planned: list[tuple[Request, int]], preempted: list[str],
-                     swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]],
-                     proposed: dict[str, int] | None = None) -> SchedulerOutput:
+    def _make_output(self, plan: StepPlan, proposed: dict[str, int]) -> SchedulerOutput:
         kv = self.kv_cache_manager
         scheduled = []
-        for request, n in planned:
+        for request, n in plan.scheduled:
             start = request.num_computed_tokens
             stop = start + n
             num_tokens = request.num_tokens
@@ -271,13 +361,14 @@ class Scheduler:
                 needs_logits=stop >= num_tokens,
                 num_draft_tokens=num_drafts,
             ))
-        live = sum(r.num_computed_tokens for r in self.running) + sum(n for _, n in planned)
+        live = sum(r.num_computed_tokens for r in self.running) + sum(n for _, n in plan.scheduled)
         return SchedulerOutput(
-            step_id=self.num_steps, scheduled=scheduled, preempted_request_ids=preempted,
-            swap_out=swap_out, swap_in=swap_in, copy_blocks=kv.take_copies(), kv_usage=kv.usage,
-            num_live_tokens=live, num_reserved_slots=kv.num_reserved_slots, num_proposed_tokens=proposed or {})
+            step_id=self.num_steps, scheduled=scheduled, preempted_request_ids=plan.preempted,
+            swap_out=plan.swap_out, swap_in=plan.swap_in, copy_blocks=kv.take_copies(), kv_usage=kv.usage,
+            num_live_tokens=live, num_reserved_slots=kv.num_reserved_slots, num_proposed_tokens=proposed)
 
 
+@register_scheduler("static")
 class StaticScheduler(Scheduler):
     """Static batching: a batch runs until its last member finishes; nobody joins in between.
 
@@ -285,32 +376,39 @@ class StaticScheduler(Scheduler):
     (and, like the servers before vLLM, holds memory its requests may never use).
     """
 
-    def schedule(self, now: float) -> SchedulerOutput:
-        kv = self.kv_cache_manager
-        if not self.running:
-            while self.waiting and len(self.running) < self.config.max_num_seqs:
-                request = self.waiting[0]
-                prefix = kv.get_computed_blocks(request)
-                reserve = request.max_total_tokens - request.num_computed_tokens - prefix.num_tokens
-                if kv.allocate_slots(request, reserve, prefix) is None:
-                    break
-                self._admit(self.waiting.popleft(), now, prefix.num_tokens)
-
-        budget = self.config.max_num_batched_tokens
-        planned = []
+    def schedule_running(self, plan: StepPlan) -> None:
+        """Each member its remaining tokens under the budget, in order; without chunked prefill, a member
+        whose prompt does not fit what is left waits for the next step. Never preempts: the slots are
+        reserved."""
+        budget = plan.token_budget
         for request in self.running:
             remaining = request.num_tokens - request.num_computed_tokens
             n = min(remaining, budget)
             if n == 0 or (n < remaining and not self.config.enable_chunked_prefill):
                 continue
-            kv.allocate_slots(request, n)  # within the reservation: takes no new block
-            planned.append((request, n))
+            self.kv_cache_manager.allocate_slots(request, n)  # within the reservation: takes no new block
+            plan.scheduled.append((request, n))
             budget -= n
-        return self._make_output(planned, [], [], [])
+        plan.token_budget = budget
+
+    def schedule_waiting(self, plan: StepPlan, now: float) -> None:
+        """Once the last batch has finished, form the next: up to `max_num_seqs` requests in the queue's
+        order, each reserving prompt + max_tokens slots, whose first tokens then run in this very step."""
+        if self.running:
+            return
+        kv = self.kv_cache_manager
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting.peek_request()
+            prefix = kv.get_computed_blocks(request)
+            reserve = request.max_total_tokens - request.num_computed_tokens - prefix.num_tokens
+            if kv.allocate_slots(request, reserve, prefix) is None:
+                break
+            self.admit(self.waiting.pop_request(), now, prefix.num_tokens)
+        self.schedule_running(plan)
 
 
 def make_scheduler(config: EngineConfig, num_kv_blocks: int, *, cache_namespace: str = "",
                    explain_misses: bool = False) -> Scheduler:
-    """The scheduler `config.scheduling` names."""
-    cls = StaticScheduler if config.scheduling == "static" else Scheduler
-    return cls(config, num_kv_blocks, cache_namespace=cache_namespace, explain_misses=explain_misses)
+    """The scheduler `config.scheduling` names (a policy registered with `register_scheduler`)."""
+    return SCHEDULERS[config.scheduling](config, num_kv_blocks, cache_namespace=cache_namespace,
+                                         explain_misses=explain_misses)

@@ -52,7 +52,7 @@ def schedule_step(running: list[ToyRequest], waiting: list[ToyRequest], max_num_
         scheduler.requests[request.request_id] = request
     for toy in waiting:
         request = _as_request(toy)
-        scheduler.waiting.append(request)
+        scheduler.waiting.add_request(request)
         scheduler.requests[request.request_id] = request
     output = scheduler.schedule(now=0.0)
     return {s.request_id: s.num_scheduled_tokens for s in output.scheduled}

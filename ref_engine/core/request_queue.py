@@ -1,0 +1,73 @@
+"""`RequestQueue`: the waiting requests, in the order the scheduler should admit them.
+
+The order of the waiting queue is a scheduling policy of its own, so it is an object the scheduler holds
+(`Scheduler.request_queue_class`), as in vLLM V1. The scheduler only ever looks at the head: it peeks at
+the request to admit next, pops it once admitted, and stops at the first one that does not fit, so the
+queue alone decides who goes first. A preempted request goes back with `prepend_request`: first come,
+first served puts it at the head (it arrived before everyone waiting); a queue with its own order (by
+priority, or fair shares between tenants) may simply file it by that order.
+
+`FCFSRequestQueue` is vLLM's default: arrival order, a deque. Other orders subclass `RequestQueue` and
+implement its methods; `__iter__` lists the requests in the order they would be popped, and truth is
+`len(queue) > 0`, as for any container.
+
+Lesson: lessons/01-continuous-batching.md (who joins the batch next).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Iterator
+
+from ref_engine.core.request import Request
+
+
+class RequestQueue(ABC):
+    """The waiting queue's interface: what the scheduler calls, and nothing else."""
+
+    @abstractmethod
+    def add_request(self, request: Request) -> None:
+        """Queue a new arrival."""
+
+    @abstractmethod
+    def prepend_request(self, request: Request) -> None:
+        """Put back a preempted request, which has waited longest of all (FCFS: at the head)."""
+
+    @abstractmethod
+    def peek_request(self) -> Request:
+        """The request to admit next, left in the queue; IndexError if the queue is empty."""
+
+    @abstractmethod
+    def pop_request(self) -> Request:
+        """Remove and return the request `peek_request` names."""
+
+    @abstractmethod
+    def remove_request(self, request: Request) -> None:
+        """Take out a request wherever it is (an abort); ValueError if it is not queued."""
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def __iter__(self) -> Iterator[Request]:
+        """The queued requests in the order they would be popped."""
+
+
+class FCFSRequestQueue(deque, RequestQueue):  # deque first: its C len and iter serve the loops
+    """First come, first served: arrival order, preempted requests at the head."""
+
+    def add_request(self, request: Request) -> None:
+        self.append(request)
+
+    def prepend_request(self, request: Request) -> None:
+        self.appendleft(request)
+
+    def peek_request(self) -> Request:
+        return self[0]
+
+    def pop_request(self) -> Request:
+        return self.popleft()
+
+    def remove_request(self, request: Request) -> None:
+        self.remove(request)
