@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from ref_engine.core.block_pool import BlockPool
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.interfaces import ScheduledRequest, SchedulerOutput
-from ref_engine.core.kv_cache_manager import cdiv
+from ref_engine.core.math_utils import cdiv
 from ref_engine.core.request import Request
 from ref_engine.model.arch_config import ArchConfig
 from ref_engine.model.loader import LoadedModel, load_model

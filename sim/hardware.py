@@ -43,6 +43,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ref_engine.core.paths import cache_dir
+
 # Bytes per element of each dtype name used by profiles and the cost model.
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
@@ -215,12 +217,9 @@ class HardwareProfile:
 
 
 def profiles_dir() -> Path:
-    """Where calibrated profiles live: `$SERVING_LAB_CACHE/profiles`, default `~/.cache/serving-lab/profiles`.
-
-    Not created here; `HardwareProfile.save` creates it when it writes.
-    """
-    root = os.environ.get("SERVING_LAB_CACHE") or "~/.cache/serving-lab"
-    return Path(root).expanduser() / "profiles"
+    """Where calibrated profiles live: `profiles` in the cache folder (`$SERVING_LAB_CACHE`, default
+    `~/.cache/serving-lab`). Not created here; `HardwareProfile.save` creates it when it writes."""
+    return cache_dir() / "profiles"
 
 
 CALIBRATED_PREFERENCE = ("calibrated-cuda-bfloat16", "calibrated-cuda-float32", "calibrated-cpu-float32",

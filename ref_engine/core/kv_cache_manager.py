@@ -34,14 +34,11 @@ from typing import Literal
 from ref_engine.core.block_hash import BlockHash, extend_block_hashes, hash_block_tokens, isolation_key
 from ref_engine.core.block_pool import BlockPool
 from ref_engine.core.config import KVAllocation
+from ref_engine.core.math_utils import cdiv
 from ref_engine.core.request import Request
 
 MissReason = Literal["caching_disabled", "shorter_than_block", "all_full_blocks_hit", "evicted",
                      "other_isolation_key", "different_tokens", "never_computed"]
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)

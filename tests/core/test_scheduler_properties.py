@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ref_engine.core import EngineConfig, Request, RequestStatus, StepResult, make_scheduler
-from ref_engine.core.kv_cache_manager import cdiv
+from ref_engine.core.math_utils import cdiv
 
 TERMINAL = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
 

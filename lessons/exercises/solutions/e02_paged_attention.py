@@ -11,7 +11,7 @@ Lesson: lessons/02-paged-attention.md#exercises
 from __future__ import annotations
 
 from ref_engine.core.block_pool import BlockPool
-from ref_engine.core.kv_cache_manager import cdiv
+from ref_engine.core.math_utils import cdiv
 from ref_engine.model.arch_config import ArchConfig
 
 __all__ = ["BlockAllocator", "kv_bytes_per_sequence", "kv_bytes_per_token", "max_num_sequences"]
