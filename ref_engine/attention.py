@@ -28,6 +28,7 @@ from itertools import accumulate
 import torch
 import torch.nn.functional as F
 
+from ref_engine.core.math_utils import cdiv
 from ref_engine.model.arch_config import ArchConfig
 
 
@@ -60,7 +61,7 @@ class AttentionMetadata:
         first_rows = [0, *accumulate(self.query_lens)]
         self.prefill_reqs = [(r, first_rows[r]) for r, n in enumerate(self.query_lens) if n > 1]
         max_ctx = max((self.seq_lens_list[r] for r in decode_reqs), default=0)
-        num_blocks = -(-max_ctx // self.block_size)
+        num_blocks = cdiv(max_ctx, self.block_size)
         reqs = torch.tensor(decode_reqs, dtype=torch.int64, device=device)
         self.decode_token_indices = self.query_start_loc[reqs]
         self.decode_block_tables = self.block_tables[reqs, :num_blocks]
@@ -106,11 +107,6 @@ class AttentionMetadata:
             seq_lens_list=list(seq_lens),
             block_size=block_size,
         )
-
-
-def kv_cache_bytes_per_block(arch: ArchConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block id costs: K and V, `block_size` tokens, in every layer."""
-    return arch.kv_bytes_per_block(block_size, torch.empty((), dtype=dtype).element_size())
 
 
 def allocate_kv_cache(
@@ -175,7 +171,7 @@ def paged_attention(
 
     for r, start in meta.prefill_reqs:
         query_len, seq_len = meta.query_lens[r], meta.seq_lens_list[r]
-        num_blocks = -(-seq_len // meta.block_size)
+        num_blocks = cdiv(seq_len, meta.block_size)
         kv = kv_cache_layer.index_select(1, meta.block_tables[r, :num_blocks])
         kv = kv.flatten(1, 2)[:, :seq_len].transpose(1, 2).unsqueeze(1)  # [2, 1, Hkv, seq_len, D]
         q_req = q[start : start + query_len].transpose(0, 1).unsqueeze(0)  # [1, Hq, query_len, D]

@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from ref_engine.attention import kv_cache_bytes_per_block
-from ref_engine.core.config import CPU_KV_CACHE_MEMORY, EngineConfig
+from ref_engine.core.config import EngineConfig
 from ref_engine.core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
 from ref_engine.core.kv_cache_manager import PrefixCacheExplanation
+from ref_engine.core.kv_sizing import num_kv_blocks
 from ref_engine.core.metrics import StepRecord
 from ref_engine.core.request import Request, RequestStatus
 from ref_engine.core.scheduler import make_scheduler
@@ -41,8 +41,6 @@ from ref_engine.runner import ModelRunner
 from ref_engine.sampler import Sampler, SamplingMetadata, make_generator
 from ref_engine.sampling_params import SamplingParams
 from ref_engine.spec_decode import Draft, RejectionSampler, make_proposer
-
-GPU_KV_CACHE_FRACTION = 0.5  # of free device memory after loading the weights
 
 PromptType = str | list[int] | dict[str, Any]
 
@@ -80,7 +78,7 @@ class LLMEngine:
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.config = self.config.for_model(self.arch.max_position_embeddings)
         self.dtype = next(loaded.model.parameters()).dtype
-        self.num_kv_blocks = self._num_kv_blocks()
+        self.num_kv_blocks = self._num_kv_blocks(loaded.model)
         self.scheduler = make_scheduler(self.config, self.num_kv_blocks, cache_namespace=self.model_id,
                                         explain_misses=True)
         self.runner = ModelRunner(
@@ -221,20 +219,23 @@ class LLMEngine:
 
     # ---- helpers ----
 
-    def _num_kv_blocks(self) -> int:
-        if self.config.num_kv_blocks is not None:
-            return self.config.num_kv_blocks
-        per_block = kv_cache_bytes_per_block(self.arch, self.config.block_size, self.dtype)
-        memory = self.config.kv_cache_memory
-        if memory is None:
-            if self.device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(self.device)
-                memory = int(free * GPU_KV_CACHE_FRACTION)
-            else:
-                memory = CPU_KV_CACHE_MEMORY
-        blocks = memory // per_block
-        if blocks < 1:
-            raise ValueError(f"kv_cache_memory={memory} bytes holds no KV block ({per_block} bytes each)")
+    def _num_kv_blocks(self, model: torch.nn.Module) -> int:
+        """The KV pool by the core's rule (`kv_sizing.num_kv_blocks`), from what torch measures here: on a
+        GPU its memory and the loaded weights; a CPU has no device memory to profile."""
+        config = self.config
+        per_block = self.arch.kv_bytes_per_block(config.block_size, self.dtype.itemsize)
+        free = device_memory = None
+        if self.device.type == "cuda":
+            free, device_memory = torch.cuda.mem_get_info(self.device)
+        blocks = num_kv_blocks(
+            config, per_block, device_memory=device_memory, weight_bytes=parameter_bytes(model),
+            activation_bytes=self.arch.peak_activation_bytes(config.max_num_batched_tokens, config.max_num_seqs,
+                                                             self.dtype.itemsize),
+            model=self.model_id)
+        if free is not None and blocks * per_block > free:  # other processes hold part of the device
+            raise ValueError(f"a KV pool of {blocks} blocks needs {blocks * per_block / 2**30:.2f} GiB, but only "
+                             f"{free / 2**30:.2f} GiB of {self.device} are free; lower gpu_memory_utilization "
+                             "or set kv_cache_memory or num_kv_blocks")
         return blocks
 
     def _parse_prompt(self, prompt: PromptType) -> tuple[str | None, list[int], str | None, str | None]:
@@ -333,6 +334,11 @@ class LLMEngine:
                              prompt_token_ids=request.prompt_token_ids, outputs=[completion], finished=True,
                              num_preemptions=request.num_preemptions,
                              num_cached_tokens=request.num_cached_tokens or 0, prefix_cache=explanation)
+
+
+def parameter_bytes(model: torch.nn.Module) -> int:
+    """Bytes the model's weights take on its device, as loaded (a tied embedding counts once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 class LLM:

@@ -2,9 +2,10 @@
 
 This module owns the simulator's only notion of time. The simulated executor asks `CostModel.step_time`
 how long the batch the shared scheduler just picked would take, and advances the SimPy clock by that.
-It also owns the size of the KV-cache pool (`kv_cache_num_blocks`) and the time to ship KV between
-machines (`CostModel.kv_transfer_time`). It never sees a scheduler class: a batch is a `BatchShape`,
-one `(num_new_tokens, num_context_tokens)` pair per scheduled request, where `num_context_tokens` are the
+It also sizes a device's KV-cache pool from the model's dims (`kv_cache_num_blocks`, by the engine's own
+rule in ref_engine/core/kv_sizing.py) and prices shipping KV between machines
+(`CostModel.kv_transfer_time`). It never sees a scheduler class: a batch is a `BatchShape`, one
+`(num_new_tokens, num_context_tokens)` pair per scheduled request, where `num_context_tokens` are the
 tokens already in the KV cache before this step. A prefill chunk, a decode token and a 1 + k speculative
 verification are all just pairs (q, c).
 
@@ -74,11 +75,13 @@ Lesson: lessons/01-continuous-batching.md (the cost of a step); KV pool size in 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import astuple, dataclass, fields
 from typing import Literal
 
+from ref_engine.core.config import EngineConfig
+from ref_engine.core.kv_sizing import num_kv_blocks
+from ref_engine.core.math_utils import cdiv
 from ref_engine.model.arch_config import ArchConfig
 from sim.hardware import HardwareProfile, dtype_bytes
 
@@ -212,8 +215,8 @@ class CostModel:
     """
 
     def __init__(self, arch: ArchConfig, hardware: HardwareProfile, dtype: str = "bfloat16",
-                 tensor_parallel_size: int = 1, block_size: int = 16, combine: Combine | None = None,
-                 kv_cache_dtype: str | None = None) -> None:
+                 tensor_parallel_size: int = 1, block_size: int = EngineConfig.block_size,
+                 combine: Combine | None = None, kv_cache_dtype: str | None = None) -> None:
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         if block_size < 1:
@@ -270,7 +273,7 @@ class CostModel:
             tokens += q
             pairs2 += q * (c + seen + 1)  # 2 * q * (c + (q + 1) / 2), an exact integer
             ctx_read += seen
-            blocks += -(-seen // bs)  # ceil(seen / block_size)
+            blocks += cdiv(seen, bs)
         if shape.num_blocks_touched is not None:
             blocks = shape.num_blocks_touched
         return tokens, pairs2 // 2, ctx_read, blocks
@@ -438,22 +441,17 @@ class FittedStepModel:
 
 def estimate_activation_bytes(arch: ArchConfig, dtype: str = "bfloat16", max_num_batched_tokens: int = 8192,
                               max_num_seqs: int = 256) -> int:
-    """Peak activation memory of the largest step, what vLLM's profiling run measures.
-
-    Layers run one after another, so one layer's live buffers at the widest point count:
-    T * (2H [residual + normed] + q + 2kv [qkv] + q [attention out] + 3I [gate, up, act]) * b,
-    plus float32 logits for max_num_seqs rows: max_num_seqs * V * 4. Not divided by tp (conservative).
-    """
-    b = dtype_bytes(dtype)
-    per_token = 2 * arch.hidden_size + 2 * arch.q_size + 2 * arch.kv_size + 3 * arch.intermediate_size
-    return max_num_batched_tokens * per_token * b + max_num_seqs * arch.vocab_size * 4
+    """Peak activation memory of the largest step, what vLLM's profiling run measures
+    (`ArchConfig.peak_activation_bytes`, for a dtype name)."""
+    return arch.peak_activation_bytes(max_num_batched_tokens, max_num_seqs, dtype_bytes(dtype))
 
 
 def kv_cache_num_blocks(arch: ArchConfig, hardware: HardwareProfile, dtype: str = "bfloat16",
-                        block_size: int = 16, gpu_memory_utilization: float = 0.9, tp: int = 1, *,
-                        kv_cache_dtype: str | None = None, activation_reserve_bytes: int | None = None,
+                        block_size: int = EngineConfig.block_size, gpu_memory_utilization: float = 0.9,
+                        tp: int = 1, *, kv_cache_dtype: str | None = None, activation_reserve_bytes: int | None = None,
                         max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> int:
-    """Number of KV blocks that fit on each device, as vLLM sizes its pool after a profiling run:
+    """Number of KV blocks that fit on each device of `hardware`, as vLLM sizes its pool after a profiling
+    run (the rule of ref_engine/core/kv_sizing.py, which the engine applies too):
 
         blocks = floor((memory_bytes * gpu_memory_utilization - weight_bytes / tp - activations)
                        / (block_size * 2 * L * ceil(n_kv_heads / tp) * head_dim * b_kv))
@@ -461,28 +459,12 @@ def kv_cache_num_blocks(arch: ArchConfig, hardware: HardwareProfile, dtype: str 
     `activations` defaults to `estimate_activation_bytes(...)`. Raises ValueError when the weights (or
     weights plus activations) leave no room for even one block.
     """
-    if not 0 < gpu_memory_utilization <= 1:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    if tp < 1 or block_size < 1:
-        raise ValueError(f"tp and block_size must be >= 1, got tp={tp}, block_size={block_size}")
-    budget = hardware.memory_bytes * gpu_memory_utilization
-    weights = arch.weight_bytes(dtype_bytes(dtype)) / tp
-    if weights >= budget:
-        raise ValueError(
-            f"{arch.name} needs {weights / 1e9:.1f} GB of {dtype} weights per device (tp={tp}), but "
-            f"{hardware.name} offers {budget / 1e9:.1f} GB at gpu_memory_utilization={gpu_memory_utilization}; "
-            f"raise tp, use a smaller dtype or a bigger device"
-        )
+    if tp < 1:
+        raise ValueError(f"tp must be >= 1, got {tp}")
     if activation_reserve_bytes is None:
         activation_reserve_bytes = estimate_activation_bytes(arch, dtype, max_num_batched_tokens, max_num_seqs)
-    kv_heads_per_device = math.ceil(arch.num_kv_heads / tp)  # replicated when tp > n_kv_heads
-    bytes_per_block = (block_size * 2 * arch.num_layers * kv_heads_per_device * arch.head_dim
-                       * dtype_bytes(kv_cache_dtype or dtype))
-    free = budget - weights - activation_reserve_bytes
-    if free < bytes_per_block:
-        raise ValueError(
-            f"after {weights / 1e9:.1f} GB of weights and {activation_reserve_bytes / 1e9:.2f} GB of "
-            f"activations, {hardware.name} has {max(free, 0) / 1e9:.2f} GB left: not one KV block "
-            f"({bytes_per_block} bytes) fits"
-        )
-    return int(free // bytes_per_block)
+    config = EngineConfig(block_size=block_size, gpu_memory_utilization=gpu_memory_utilization)
+    per_block = arch.kv_bytes_per_block(block_size, dtype_bytes(kv_cache_dtype or dtype), tp)
+    return num_kv_blocks(config, per_block, device_memory=hardware.memory_bytes,
+                         weight_bytes=arch.weight_bytes(dtype_bytes(dtype)) / tp,
+                         activation_bytes=activation_reserve_bytes, model=arch.name)

@@ -6,7 +6,8 @@ for "this machine", a 2-core CPU), their JSON form, and where calibrated profile
 What a profile holds, and why these numbers and no others
     peak_flops[dtype]       dense matrix FLOP/s per compute dtype ("float32", "bfloat16", ...)
     memory_bandwidth        bytes/s between memory and the compute units (HBM on a GPU, DRAM on a CPU)
-    memory_bytes            device memory; the KV-cache pool is carved out of it (see cost_model.py)
+    memory_bytes            device memory; the KV-cache pool is carved out of it (ref_engine/core/kv_sizing.py),
+                            except on a CPU (provenance device_type "cpu"), which gets the engine's fixed pool
     step_overhead_s         fixed cost of one step: scheduling, Python, kernel launches, synchronisation
     per_seq_overhead_s      cost per scheduled request: building its input rows, sampling, bookkeeping
     per_token_overhead_s    cost per token in the batch that FLOPs and bytes do not explain
@@ -325,7 +326,8 @@ LOCAL_CPU = HardwareProfile(
         "At batch 1 bf16 matrix-vector products stream only ~9 GB/s, so bf16 decode is priced "
         "optimistically here. Overheads are guesses. Replace with a calibrated profile (serving_lab/calibrate.py)."
     ),
-    provenance={"reference": "benchmarks/RESULTS.md#the-machine", "threads": 2, "torch": "2.13.0+cpu"},
+    provenance={"reference": "benchmarks/RESULTS.md#the-machine", "threads": 2, "torch": "2.13.0+cpu",
+                "device_type": "cpu"},
 )
 
 DEFAULT_CPU_PROFILE = "local-cpu"

@@ -10,9 +10,9 @@ Defaults
 - model: SmolLM2-135M, the model the real engine runs in the lessons;
 - hardware: this machine's calibrated profile if serving_lab/calibrate.py has saved one, else the built-in CPU
   estimate, with a warning (`default_hardware`);
-- KV pool, first that applies: `num_kv_blocks` given here; `config.num_kv_blocks`;
-  `config.kv_cache_memory` bytes / bytes per block; else vLLM-style profiling of the device memory
-  (`sim.cost_model.kv_cache_num_blocks`: memory x 0.9 - weights - activations).
+- KV pool: `num_kv_blocks` given here, else the engine's own rule (ref_engine/core/kv_sizing.py):
+  `config.num_kv_blocks`; `config.kv_cache_memory` bytes / bytes per block; a fixed pool on a CPU
+  profile; else the profile's memory x `config.gpu_memory_utilization` - weights - activations.
 
 Speculative decoding (`config.speculative_method`): pass an `acceptance` model (sim/spec_decode.py: a
 rate per draft position, or the engine's counts replayed); a draft model's passes are priced on its own
@@ -32,12 +32,13 @@ from dataclasses import replace
 
 import simpy
 
-from ref_engine.core.config import CPU_KV_CACHE_MEMORY, EngineConfig
+from ref_engine.core.config import EngineConfig
+from ref_engine.core.kv_sizing import num_kv_blocks
 from ref_engine.core.metrics import RunMetrics
 from ref_engine.core.scheduler import make_scheduler
 from ref_engine.core.workload import Workload
 from ref_engine.model.arch_config import DEFAULT_MODEL_NAME, ArchConfig
-from sim.cost_model import CostModel, kv_cache_num_blocks
+from sim.cost_model import CostModel
 from sim.executor import CostModelTimer, SimulatedExecutor, StepTimer
 from sim.hardware import DEFAULT_CPU_PROFILE, HardwareProfile, dtype_bytes, load_calibrated_profile
 from sim.spec_decode import AcceptanceModel, DraftCostTimer, SimulatedProposer
@@ -68,23 +69,16 @@ def resolve_hardware(hardware: HardwareProfile | str | None) -> HardwareProfile:
 
 def num_kv_blocks_for(arch: ArchConfig, hardware: HardwareProfile, config: EngineConfig,
                       dtype: str = "bfloat16", tensor_parallel_size: int = 1) -> int:
-    """The KV pool size of one replica (per device): `config.num_kv_blocks`, else `config.kv_cache_memory`
-    divided into blocks, else what fits in the device memory after weights and activations."""
-    if config.num_kv_blocks is not None:
-        return config.num_kv_blocks
-    memory = config.kv_cache_memory
-    if memory is None and hardware.provenance.get("device_type") == "cpu":
-        memory = CPU_KV_CACHE_MEMORY  # a CPU has no device memory to profile: the engine's default pool
-    if memory is not None:
-        num_blocks = memory // arch.kv_bytes_per_block(
-            config.block_size, dtype_bytes(dtype), tensor_parallel_size)
-        if num_blocks < 1:
-            raise ValueError(f"kv_cache_memory={memory} bytes holds not one KV block "
-                             f"of {arch.name}")
-        return num_blocks
-    return kv_cache_num_blocks(arch, hardware, dtype, config.block_size, tp=tensor_parallel_size,
-                               max_num_batched_tokens=config.max_num_batched_tokens,
-                               max_num_seqs=config.max_num_seqs)
+    """The KV pool of one replica (per device), by the engine's rule (`kv_sizing.num_kv_blocks`), with the
+    device memory from the profile (none on a CPU profile, as on a real CPU) and the weights from the dims."""
+    b = dtype_bytes(dtype)
+    on_cpu = hardware.provenance.get("device_type") == "cpu"
+    return num_kv_blocks(
+        config, arch.kv_bytes_per_block(config.block_size, b, tensor_parallel_size),
+        device_memory=None if on_cpu else hardware.memory_bytes,
+        weight_bytes=arch.weight_bytes(b) / tensor_parallel_size,
+        activation_bytes=arch.peak_activation_bytes(config.max_num_batched_tokens, config.max_num_seqs, b),
+        model=arch.name)
 
 
 class Simulator:

@@ -13,8 +13,6 @@ from typing import Any, Literal
 
 from ref_engine.core.scheduler_registry import SCHEDULERS
 
-CPU_KV_CACHE_MEMORY = 1 << 30  # the KV pool on a CPU when no size is configured, engine and simulator alike
-
 PreemptionMode = Literal["recompute", "swap"]
 KVAllocation = Literal["paged", "contiguous", "contiguous_exact"]
 SpeculativeMethod = Literal["ngram", "draft_model"]
@@ -24,16 +22,18 @@ SpeculativeMethod = Literal["ngram", "draft_model"]
 class EngineConfig:
     """Knobs of one engine instance.
 
-    `num_kv_blocks` fixes the pool size exactly (tests and lessons use it); otherwise the engine sizes the
-    pool from `kv_cache_memory` bytes, as vLLM does from `gpu_memory_utilization`.
+    `num_kv_blocks` fixes the pool size exactly (tests and lessons use it); else `kv_cache_memory` bytes
+    are cut into blocks; else the pool is what `gpu_memory_utilization` of the device leaves after the
+    weights and activations (a fixed pool on a CPU). Engine and simulator apply the same rule
+    (ref_engine/core/kv_sizing.py).
     """
 
     block_size: int = 16
     max_num_seqs: int = 64  # vLLM: 256 on GPUs
     max_num_batched_tokens: int = 512  # the per-step token budget; vLLM: 8192 with chunked prefill
     max_model_len: int | None = None  # None: the model's max_position_embeddings (vLLM's default)
-    kv_cache_memory: int | None = None  # bytes for the KV pool (None: CPU_KV_CACHE_MEMORY on a CPU, or a
-    # share of the free device memory on a GPU)
+    gpu_memory_utilization: float = 0.9  # share of the device memory for weights, activations and KV pool
+    kv_cache_memory: int | None = None  # bytes for the KV pool; overrides gpu_memory_utilization
     num_kv_blocks: int | None = None  # exact pool size; overrides kv_cache_memory
     num_swap_blocks: int | None = None  # host pool for preemption_mode="swap" (None: as many as the device pool)
     enable_chunked_prefill: bool = True
@@ -64,6 +64,9 @@ class EngineConfig:
             value = getattr(self, knob)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{knob} must be a positive integer or None, got {value!r}")
+        utilization = self.gpu_memory_utilization
+        if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization!r}")
         if self.num_swap_blocks is not None and (not isinstance(self.num_swap_blocks, int)
                                                  or self.num_swap_blocks < 0):
             raise ValueError(f"num_swap_blocks must be a non-negative integer or None, got {self.num_swap_blocks!r}")

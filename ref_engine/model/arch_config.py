@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ref_engine.core.math_utils import cdiv
+
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 
 # Hugging Face `architectures[0]` -> our family name.
@@ -97,11 +99,21 @@ class ArchConfig:
     def kv_bytes_per_block(self, block_size: int, dtype_bytes: int = 2, tensor_parallel_size: int = 1) -> int:
         """One KV block on one device: block_size tokens of K and V in every layer, for this device's share
         of the KV heads (tensor parallelism splits heads; with fewer heads than devices they are copied)."""
-        kv_heads_per_device = -(-self.num_kv_heads // tensor_parallel_size)
+        kv_heads_per_device = cdiv(self.num_kv_heads, tensor_parallel_size)
         return block_size * 2 * self.num_layers * kv_heads_per_device * self.head_dim * dtype_bytes
 
     def weight_bytes(self, dtype_bytes: int = 2) -> int:
         return self.num_params * dtype_bytes
+
+    def peak_activation_bytes(self, max_num_batched_tokens: int, max_num_seqs: int, dtype_bytes: int = 2) -> int:
+        """Activation memory of the largest step, the estimate that stands in for vLLM's profiling run.
+
+        Layers run one after another, so one layer's live buffers at the widest point count:
+        T * (2H [residual + normed] + q + 2kv [qkv] + q [attention out] + 3I [gate, up, act]) * b for
+        T = max_num_batched_tokens, plus float32 logits for max_num_seqs rows: max_num_seqs * V * 4.
+        Not divided among tensor-parallel devices (conservative)."""
+        per_token = 2 * self.hidden_size + 2 * self.q_size + 2 * self.kv_size + 3 * self.intermediate_size
+        return max_num_batched_tokens * per_token * dtype_bytes + max_num_seqs * self.vocab_size * 4
 
     # ---- constructors ----
 

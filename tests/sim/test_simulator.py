@@ -19,10 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ref_engine.core import EngineConfig, Exponential, RequestStatus, StepResult, Workload, make_scheduler
+from ref_engine.core.kv_sizing import CPU_KV_CACHE_MEMORY, num_kv_blocks
+from ref_engine.model.arch_config import ArchConfig
 from sim import Simulator
 from sim.cost_model import kv_cache_num_blocks
 from sim.executor import ReplayTimer
 from sim.hardware import HardwareProfile
+from sim.simulator import num_kv_blocks_for
 
 SMALL = dict(model="smollm2-135m", hardware="local-cpu")
 
@@ -196,6 +199,19 @@ def test_kv_pool_size_comes_from_the_first_knob_that_is_set():
     profiled = Simulator("llama-3.1-8b", "h100-sxm", EngineConfig())
     assert profiled.num_kv_blocks == kv_cache_num_blocks(
         profiled.arch, profiled.hardware, "bfloat16", 16, max_num_batched_tokens=512, max_num_seqs=64)
+
+
+def test_the_simulator_applies_the_rule_with_the_profile_memory_and_the_model_dims():
+    arch = ArchConfig.named("llama-3.1-8b")
+    h100 = HardwareProfile.named("h100-sxm")
+    config = EngineConfig(gpu_memory_utilization=0.8)
+    per_block = arch.kv_bytes_per_block(config.block_size, 2)
+    assert num_kv_blocks_for(arch, h100, config) == num_kv_blocks(
+        config, per_block, device_memory=h100.memory_bytes, weight_bytes=arch.weight_bytes(2),
+        activation_bytes=arch.peak_activation_bytes(config.max_num_batched_tokens, config.max_num_seqs, 2))
+    cpu = HardwareProfile.named("local-cpu")  # a CPU profile, like a real CPU, gets the fixed pool
+    assert num_kv_blocks_for(arch, cpu, config) == CPU_KV_CACHE_MEMORY // per_block
+
 
 
 # ---- qualitative reproduction of the literature (GPU profile, 7B-class model) ----

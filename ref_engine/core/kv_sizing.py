@@ -1,0 +1,61 @@
+"""KV pool sizing: how many KV blocks one device holds, one rule for the engine and the simulator.
+
+vLLM sizes its pool after a profiling run: of the device's memory, the `gpu_memory_utilization` share may be
+used; the weights and the activation peak of the largest step come off it, and what is left is cut into
+KV blocks:
+
+    num_kv_blocks = floor((device_memory * gpu_memory_utilization - weight_bytes - activation_bytes)
+                          / bytes_per_block)
+
+The engine measures the device memory and the loaded weights with torch; the simulator reads them from a
+hardware profile and the model's dims. Both estimate the activation peak with
+`ArchConfig.peak_activation_bytes` (vLLM measures it in a dummy step), so the same config, model and memory
+give the same pool on both sides. A CPU has no device memory to profile (the pool would share RAM with
+everything else), so there the pool is a fixed `CPU_KV_CACHE_MEMORY`. `EngineConfig.num_kv_blocks`, then
+`EngineConfig.kv_cache_memory`, override the rule.
+
+Lesson: lessons/02-paged-attention.md (the pool is what the weights leave).
+"""
+
+from __future__ import annotations
+
+from ref_engine.core.config import EngineConfig
+
+CPU_KV_CACHE_MEMORY = 1 << 30  # bytes of KV pool on a CPU when no size is configured
+
+
+def num_kv_blocks(config: EngineConfig, bytes_per_block: int, *, device_memory: float | None = None,
+                  weight_bytes: float = 0, activation_bytes: float = 0, model: str = "the model") -> int:
+    """The KV pool of one device, in blocks; the first rule that applies:
+
+    1. `config.num_kv_blocks`;
+    2. `config.kv_cache_memory` bytes, in whole blocks;
+    3. no `device_memory` (a CPU): `CPU_KV_CACHE_MEMORY` bytes, in whole blocks;
+    4. what `config.gpu_memory_utilization` of `device_memory` leaves after `weight_bytes` and
+       `activation_bytes` (all per device), in whole blocks.
+
+    ValueError when not one block fits; `model` names the model in the message.
+    """
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    memory = config.kv_cache_memory
+    if memory is None and device_memory is None:
+        memory = CPU_KV_CACHE_MEMORY
+    if memory is not None:
+        if memory < bytes_per_block:
+            raise ValueError(f"kv_cache_memory={memory} bytes holds not one KV block of {model} "
+                             f"({bytes_per_block} bytes)")
+        return memory // bytes_per_block
+    budget = device_memory * config.gpu_memory_utilization
+    if weight_bytes >= budget:
+        raise ValueError(
+            f"{model} needs {weight_bytes / 1e9:.1f} GB of weights per device, but "
+            f"gpu_memory_utilization={config.gpu_memory_utilization} of {device_memory / 1e9:.1f} GB offers "
+            f"{budget / 1e9:.1f} GB; shard it over more devices, use a smaller dtype or a bigger device")
+    free = budget - weight_bytes - activation_bytes
+    if free < bytes_per_block:
+        raise ValueError(
+            f"after {weight_bytes / 1e9:.1f} GB of weights and {activation_bytes / 1e9:.2f} GB of "
+            f"activations, {max(free, 0) / 1e9:.2f} GB are left: not one KV block of {model} "
+            f"({bytes_per_block} bytes) fits")
+    return int(free // bytes_per_block)

@@ -1,0 +1,48 @@
+"""The engine sizes its KV pool as the simulator does: one rule (ref_engine/core/kv_sizing.py), fed by torch
+measurements here and by a hardware profile and the model's dims there."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ref_engine.core.kv_sizing import CPU_KV_CACHE_MEMORY
+from ref_engine.engine import LLMEngine, parameter_bytes
+from sim.hardware import HardwareProfile
+from sim.simulator import num_kv_blocks_for
+
+
+@pytest.fixture(scope="module")
+def engine(make_tiny_hf_model):
+    """A tiny engine on the CPU, with its default (unset) pool size."""
+    return LLMEngine(make_tiny_hf_model("llama", name="kv-sizing"), dtype="float32", device="cpu",
+                     max_num_seqs=8)
+
+
+def test_on_a_cpu_engine_and_simulator_give_the_same_fixed_pool(engine):
+    simulated = num_kv_blocks_for(engine.arch, HardwareProfile.named("local-cpu"), engine.config, "float32")
+    assert engine.num_kv_blocks == simulated == CPU_KV_CACHE_MEMORY // engine.arch.kv_bytes_per_block(engine.config.block_size, 4)
+
+
+def test_on_a_gpu_engine_and_simulator_give_the_same_pool_for_the_same_memory(engine, monkeypatch):
+    """The engine's GPU path, with torch's memory query answered as a 2 GB device would answer it."""
+    total = 2 * 10**9
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (total - 10**8, total))
+    monkeypatch.setattr(engine, "device", torch.device("cuda"))
+    gpu = HardwareProfile.named("h100-sxm")
+    gpu = HardwareProfile(name="2 GB GPU", peak_flops=gpu.peak_flops, memory_bandwidth=gpu.memory_bandwidth,
+                          memory_bytes=total)
+    model = engine.runner.model
+    assert parameter_bytes(model) == engine.arch.weight_bytes(4)  # measured weights = the simulator's count
+    for config in (engine.config, engine.config.replace(gpu_memory_utilization=0.5, max_num_batched_tokens=64)):
+        monkeypatch.setattr(engine, "config", config)
+        measured = engine._num_kv_blocks(model)
+        assert measured == num_kv_blocks_for(engine.arch, gpu, config, "float32")
+        assert measured < config.gpu_memory_utilization * total // engine.arch.kv_bytes_per_block(engine.config.block_size, 4)
+
+
+def test_a_pool_bigger_than_the_free_device_memory_is_refused(engine, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**6, 2 * 10**9))
+    monkeypatch.setattr(engine, "device", torch.device("cuda"))
+    with pytest.raises(ValueError, match="lower gpu_memory_utilization"):
+        engine._num_kv_blocks(engine.runner.model)
