@@ -8,25 +8,30 @@ Routers (one per pool of replicas)
 - "round_robin": replica 0, 1, 2, ... in turn;
 - "least_loaded": the replica with the fewest unfinished (waiting + running) requests, lowest index on ties;
 - "prefix_aware": a hash of the prompt's first block of tokens picks the replica, so requests that share
-  a prefix land together. It is a stub of locality: without prefix caching (not built yet) landing
-  together saves nothing, and on random prompts it spreads load only as evenly as the hash does.
+  a prefix land together, on the replica whose prefix cache already holds it (prefix caching is on by
+  default): each replica caches only what it computed, so spreading a shared prefix over replicas
+  computes it once per replica. It reads only the first block, so on random prompts it spreads load only
+  as evenly as the hash does, and requests of different tenants may land together without sharing a hit.
 
 Prefill/decode disaggregation (DistServe, OSDI'24; vLLM's disaggregated prefill), `num_prefill_replicas=x`,
 `num_decode_replicas=y`:
-1. the router sends the request to a prefill replica as a copy with `max_tokens=1`: it runs the prompt's
-   prefill (in chunks, as the core schedules it) and its one sampled token is discarded;
+1. the router sends the request to a prefill replica as a copy with `max_tokens=1` (`prefill_request`):
+   it runs the prompt's prefill (in chunks, as the core schedules it, with prefix-cache hits isolated by
+   tenant and cache_salt as on one replica) and its one sampled token is discarded;
 2. the prompt's KV cache, prompt_len x kv_bytes_per_token bytes, crosses the prefill replica's network
    link: latency + bytes / bandwidth (`CostModel.kv_transfer_time`). Each prefill replica has one link, a
    SimPy resource, so its transfers queue one after another;
-3. a decode replica receives the request with `num_computed_tokens = prompt_len - 1`: its blocks are
-   allocated on admission, and its first step recomputes only the last prompt token to get the logits
-   that sample the first output token, then decodes as usual. This is how vLLM's KV connectors admit a
+3. a decode replica receives the request (`decode_request`) with `num_computed_tokens = prompt_len - 1`:
+   its blocks are allocated on admission, and its first step recomputes only the last prompt token to get
+   the logits that sample the first output token, then decodes as usual. This is how vLLM's KV connectors admit a
    remotely prefilled request (the external tokens count as computed; the last token is recomputed).
 So the first token the user sees comes from the decode replica: TTFT = prefill queueing + prefill + KV
 transfer + decode queueing + one decode step, and TPOT is the decode replica's. (DistServe instead returns
 the prefill's token as the first token, which moves the transfer out of TTFT into the first inter-token
 gap.) The decode-side request is the end-to-end request: it keeps the arrival time and first-scheduled
-time of the original, and counts the prefill side's preemptions too.
+time of the original, and counts the prefill side's preemptions and prefix-cache hits too. Both copies
+carry every field of the original (tenant, cache_salt, stop conditions, ...) except the serving state,
+which starts afresh on each replica (`SERVING_STATE`).
 
 Simplifications, kept for clarity: the prefill replica frees its blocks when the prefill finishes (vLLM
 holds them until the decode side has pulled them), the KV waits in a staging buffer until the decode
@@ -36,15 +41,16 @@ is not modelled.
 Output: `RunMetrics` over the end-to-end requests, with every replica's steps in one log ordered by start
 time; `Cluster.simulate` also returns each replica's own metrics.
 
-Lesson: lessons/03-chunked-prefill-and-disaggregation.md (colocated vs xP+yD disaggregated, the KV link swept).
+Lesson: lessons/03-chunked-prefill-and-disaggregation.md (to come: colocated vs xP+yD disaggregated, the KV
+link swept); lessons/04-prefix-caching.md#tenant-isolation (why both copies carry tenant and cache_salt).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass, replace
-from typing import Literal, Protocol
+from dataclasses import MISSING, dataclass, fields, replace
+from typing import Any, Literal, Protocol
 
 import simpy
 
@@ -53,7 +59,7 @@ from ref_engine.core.metrics import RunMetrics
 from ref_engine.core.request import Request
 from ref_engine.core.workload import Workload
 from ref_engine.model.arch_config import ArchConfig
-from sim.executor import SimulatedExecutor
+from sim.executor import SimulatedExecutor, feed_arrivals
 from sim.hardware import HardwareProfile
 from sim.simulator import Simulator, resolve_hardware
 
@@ -80,7 +86,7 @@ class LeastLoadedRouter:
 
 
 class PrefixAwareRouter:
-    """Same first block of prompt tokens, same replica (a locality stub until prefix caching exists)."""
+    """Same first block of prompt tokens, same replica: the one whose prefix cache holds that block."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
@@ -98,6 +104,36 @@ def make_router(name: RouterName, block_size: int) -> Router:
     if name == "prefix_aware":
         return PrefixAwareRouter(block_size)
     raise ValueError(f"router must be 'round_robin', 'least_loaded' or 'prefix_aware', got {name!r}")
+
+
+# ---- disaggregation: one request, two replicas ------------------------------------------------------
+
+# How far a replica has served a request, as opposed to what the request is: a copy for another replica
+# starts these afresh. Every other field is carried, so a field added to `Request` (an isolation key, a
+# stop condition) crosses disaggregation unless it is listed here.
+SERVING_STATE = frozenset({
+    "output_token_ids", "num_computed_tokens", "status", "num_preemptions", "num_cached_tokens", "block_hashes",
+    "first_scheduled_time", "first_token_time", "token_times", "finish_time", "spec_token_ids"})
+
+
+def _copy_for_replica(request: Request, **changes: Any) -> Request:
+    """`request` with its serving state reset to the defaults (fresh lists), then `changes` applied."""
+    fresh = {f.name: f.default if f.default_factory is MISSING else f.default_factory()
+             for f in fields(Request) if f.name in SERVING_STATE}
+    return replace(request, **{**fresh, **changes})
+
+
+def prefill_request(request: Request) -> Request:
+    """What the prefill replica serves: the request, stopped after one token (that token is discarded)."""
+    return _copy_for_replica(request, max_tokens=1)
+
+
+def decode_request(request: Request, prefill: Request) -> Request:
+    """What the decode replica serves once `prefill` is done and its KV has arrived: the end-to-end request,
+    with every prompt token but the last computed, and the prefill side's scheduling, preemptions and hits."""
+    return _copy_for_replica(request, num_computed_tokens=request.num_prompt_tokens - 1,
+                             first_scheduled_time=prefill.first_scheduled_time,
+                             num_preemptions=prefill.num_preemptions, num_cached_tokens=prefill.num_cached_tokens)
 
 
 # ---- the cluster -----------------------------------------------------------------------------------
@@ -153,7 +189,6 @@ class Cluster:
         """Serve `workload` from empty replicas at time 0 until every request has finished or been refused."""
         env = simpy.Environment()
         requests = workload.make_requests(self.simulator.arch.vocab_size)
-        requests.sort(key=lambda r: r.arrival_time)
         if self.disaggregated:
             served, num_failed, replicas = self._run_disaggregated(env, requests)
         else:
@@ -170,14 +205,8 @@ class Cluster:
                        ) -> tuple[list[Request], int, list[SimulatedExecutor]]:
         replicas = self._new_pool(env, "replica", self.num_replicas)
         router = make_router(self.router, self.simulator.config.block_size)
-
-        def arrivals() -> Generator[simpy.Event, None, None]:
-            for request in requests:
-                if request.arrival_time > env.now:
-                    yield env.timeout(request.arrival_time - env.now)
-                router.route(request, replicas).add_request(request)
-
-        env.process(arrivals())
+        env.process(feed_arrivals(env, requests,
+                                  lambda request: router.route(request, replicas).add_request(request)))
         env.run()
         served = [r for replica in replicas for r in replica.requests]
         return served, sum(replica.num_refused for replica in replicas), replicas
@@ -197,8 +226,7 @@ class Cluster:
         def serve(request: Request) -> Generator[simpy.Event, None, None]:
             """One request's journey: prefill replica -> KV link -> decode replica."""
             prefill_replica = prefill_router.route(request, prefill_pool)
-            prefill = Request(request.request_id, request.prompt_token_ids, max_tokens=1,
-                              arrival_time=request.arrival_time, ignore_eos=True, tenant=request.tenant)
+            prefill = prefill_request(request)
             prefilled = prefill_replica.add_request(prefill)
             if prefilled is None:
                 refused.append(request)
@@ -207,11 +235,7 @@ class Cluster:
             with links[prefill_replica.name].request() as link:
                 yield link
                 yield env.timeout(cost_model.kv_transfer_time(request.num_prompt_tokens))
-            decode = Request(request.request_id, request.prompt_token_ids, request.max_tokens,
-                             arrival_time=request.arrival_time, ignore_eos=True, tenant=request.tenant,
-                             num_computed_tokens=request.num_prompt_tokens - 1,
-                             first_scheduled_time=prefill.first_scheduled_time,
-                             num_preemptions=prefill.num_preemptions)
+            decode = decode_request(request, prefill)
             decoded = decode_router.route(decode, decode_pool).add_request(decode)
             if decoded is None:
                 refused.append(request)
@@ -219,12 +243,6 @@ class Cluster:
             yield decoded
             served.append(decode)
 
-        def arrivals() -> Generator[simpy.Event, None, None]:
-            for request in requests:
-                if request.arrival_time > env.now:
-                    yield env.timeout(request.arrival_time - env.now)
-                env.process(serve(request))
-
-        env.process(arrivals())
+        env.process(feed_arrivals(env, requests, lambda request: env.process(serve(request))))
         env.run()
         return served, len(refused), prefill_pool + decode_pool

@@ -35,7 +35,7 @@ lessons/05-speculative-decoding.md (simulated drafts).
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 import simpy
@@ -51,6 +51,17 @@ if TYPE_CHECKING:
 
 # The token a simulated step "samples". Requests ignore EOS and have no stop tokens, so its value is moot.
 DUMMY_TOKEN_ID = 0
+
+
+def feed_arrivals(env: simpy.Environment, requests: Iterable[Request],
+                  deliver: Callable[[Request], object]) -> Generator[simpy.Event, None, None]:
+    """SimPy process: `deliver(request)` at each request's `arrival_time`, in order of arrival (ties keep
+    their order). Requests arriving at the same time are delivered together, so "all at once" really
+    reaches the first step all at once. One replica feeds its engine with it; a cluster, its router."""
+    for request in sorted(requests, key=lambda r: r.arrival_time):
+        if request.arrival_time > env.now:
+            yield env.timeout(request.arrival_time - env.now)
+        deliver(request)
 
 
 class StepTimer(Protocol):
@@ -133,12 +144,8 @@ class SimulatedExecutor:
         return finished
 
     def feed(self, requests: Iterable[Request]) -> Generator[simpy.Event, None, None]:
-        """SimPy process: hand each request to the engine at its `arrival_time`. Requests arriving at the
-        same time are added together, so "all at once" really reaches the first step all at once."""
-        for request in sorted(requests, key=lambda r: r.arrival_time):
-            if request.arrival_time > self.env.now:
-                yield self.env.timeout(request.arrival_time - self.env.now)
-            self.add_request(request)
+        """SimPy process: hand each request to this engine at its `arrival_time` (`feed_arrivals`)."""
+        return feed_arrivals(self.env, requests, self.add_request)
 
     def _engine_loop(self) -> Generator[simpy.Event, None, None]:
         env, scheduler = self.env, self.scheduler

@@ -19,9 +19,13 @@ def engine(make_tiny_hf_model):
                      max_num_seqs=8)
 
 
+def per_block(engine: LLMEngine) -> int:
+    return engine.arch.kv_bytes_per_block(engine.config.block_size, 4)  # float32
+
+
 def test_on_a_cpu_engine_and_simulator_give_the_same_fixed_pool(engine):
     simulated = num_kv_blocks_for(engine.arch, HardwareProfile.named("local-cpu"), engine.config, "float32")
-    assert engine.num_kv_blocks == simulated == CPU_KV_CACHE_MEMORY // engine.arch.kv_bytes_per_block(engine.config.block_size, 4)
+    assert engine.num_kv_blocks == simulated == CPU_KV_CACHE_MEMORY // per_block(engine)
 
 
 def test_on_a_gpu_engine_and_simulator_give_the_same_pool_for_the_same_memory(engine, monkeypatch):
@@ -38,7 +42,7 @@ def test_on_a_gpu_engine_and_simulator_give_the_same_pool_for_the_same_memory(en
         monkeypatch.setattr(engine, "config", config)
         measured = engine._num_kv_blocks(model)
         assert measured == num_kv_blocks_for(engine.arch, gpu, config, "float32")
-        assert measured < config.gpu_memory_utilization * total // engine.arch.kv_bytes_per_block(engine.config.block_size, 4)
+        assert measured < config.gpu_memory_utilization * total // per_block(engine)
 
 
 def test_a_pool_bigger_than_the_free_device_memory_is_refused(engine, monkeypatch):

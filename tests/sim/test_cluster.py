@@ -3,13 +3,15 @@ prefill/decode disaggregation produces every token with the KV transfer inside T
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
 import pytest
 
-from ref_engine.core import EngineConfig, Exponential, Workload
+from ref_engine.core import EngineConfig, Exponential, Request, RequestStatus, Workload, WorkloadRequest
 from sim import Cluster, Simulator
+from sim.cluster import SERVING_STATE, decode_request, prefill_request
 from sim.cost_model import BatchShape
 
 GPU = dict(model="llama-3.1-8b", hardware="h100-sxm")
@@ -106,3 +108,55 @@ def test_kv_link_bandwidth_moves_ttft_monotonically():
     assert ttfts == sorted(ttfts, reverse=True) and len(set(ttfts)) == len(ttfts)
     colocated = Cluster(**GPU, config=CONFIG, num_replicas=2).run(workload).mean_ttft_ms
     assert ttfts[0] > colocated  # a slow link costs more TTFT than disaggregation saves here
+
+
+# A value for every field of `Request`, none of them its default, so a copy that drops a field shows. A
+# field added to Request makes the first assert of the test below fail until it gets a value here.
+EVERY_FIELD = dict(
+    request_id="r7", prompt_token_ids=[5, 6, 7, 8, 9], max_tokens=9, arrival_time=1.5,
+    eos_token_ids=frozenset({2}), stop_token_ids=frozenset({3}), ignore_eos=True, min_tokens=2, tenant="alice",
+    cache_salt="salt", sampling_params="opaque to the core",
+    # serving state, as if some replica had already served the request for a while
+    output_token_ids=[11], num_computed_tokens=4, status=RequestStatus.RUNNING, num_preemptions=1,
+    num_cached_tokens=3, block_hashes=[b"hash"], first_scheduled_time=2.0, first_token_time=2.5,
+    token_times=[2.5], finish_time=3.0, spec_token_ids=[12])
+
+
+def test_disaggregation_carries_every_field_but_the_serving_state():
+    names = [f.name for f in dataclasses.fields(Request)]
+    assert sorted(EVERY_FIELD) == sorted(names)
+    fresh = Request("fresh", [1], 1)
+    original = Request(**EVERY_FIELD)
+    assert all(getattr(original, name) != getattr(fresh, name) for name in names if name != "request_id")
+
+    def check(copy: Request, differences: dict[str, object]) -> None:
+        """Each field as the original's, or fresh for the serving state, except the listed differences."""
+        for name in names:
+            default = getattr(fresh, name) if name in SERVING_STATE else EVERY_FIELD[name]
+            assert getattr(copy, name) == differences.get(name, default), name
+
+    prefill = prefill_request(original)
+    check(prefill, {"max_tokens": 1})
+    prefill.first_scheduled_time, prefill.num_preemptions, prefill.num_cached_tokens = 4.0, 2, 5  # as served
+    decode = decode_request(original, prefill)
+    check(decode, {"num_computed_tokens": 4, "first_scheduled_time": 4.0, "num_preemptions": 2,
+                   "num_cached_tokens": 5})
+    assert decode.output_token_ids is not prefill.output_token_ids is not original.output_token_ids
+
+
+def test_disaggregation_keeps_tenants_and_cache_salts_apart():
+    """Two requests with the same 64-token prompt, the second long after the first: it hits the prefill
+    replica's cache only when it is sent by the same tenant with the same salt."""
+    prompt = tuple(range(100, 164))
+
+    def hits(tenant: str, cache_salt: str | None) -> tuple[int, int]:
+        workload = Workload((WorkloadRequest(0.0, 64, 4, prompt, tenant="alice"),
+                             WorkloadRequest(1.0, 64, 4, prompt, tenant=tenant, cache_salt=cache_salt)))
+        run = Cluster(**GPU, config=CONFIG, num_prefill_replicas=1, num_decode_replicas=1).simulate(workload)
+        assert run.metrics.completed == 2
+        assert run.replicas["prefill0"].prefix_cache_hits == run.metrics.prefix_cache_hits  # end to end
+        return run.metrics.prefix_cache_hits
+
+    assert hits("alice", None) == 63  # every full block hit, the last token computed again
+    assert hits("bob", None) == 0
+    assert hits("alice", "another salt") == 0
