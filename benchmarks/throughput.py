@@ -15,6 +15,7 @@ import platform
 import time
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from ref_engine import bench
 from ref_engine.core import EngineConfig, Workload
@@ -23,8 +24,6 @@ from ref_engine.model.store import default_model_path
 
 
 def transformers_static(workload: Workload, vocab_size: int, batch_size: int, dtype: torch.dtype) -> dict:
-    from transformers import AutoModelForCausalLM
-
     path = default_model_path()
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
     requests = workload.make_requests(vocab_size)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime
 import math
 import platform
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,10 +82,11 @@ class CalibrationPoint:
 def grid_workloads(seed: int = 0) -> list[tuple[str, Workload, EngineConfig]]:
     """The calibration runs: a workload and an engine config for each grid row."""
     runs = []
+    block_size = EngineConfig.block_size  # the grid runs at the default block size
     for i, (kind, n, prompt, output, budget) in enumerate(CALIBRATION_GRID):
         workload = Workload.synthetic(n, prompt_len=prompt, output_len=output, seed=seed + i, name=kind)
         runs.append((kind, workload, EngineConfig(max_num_seqs=max(n, 1), max_num_batched_tokens=budget,
-                                                  num_kv_blocks=2 + n * (prompt + output) // 16 + n)))
+                                                  num_kv_blocks=2 + n * (prompt + output) // block_size + n)))
     return runs
 
 
@@ -96,6 +98,8 @@ def measure_grid(model: Any, seed: int = 0, repeats: int = 2, rows: Sequence[int
     Each workload runs `repeats` times and the fastest whole run is kept: other processes on a shared
     machine only ever slow a run down. (Whole runs, not the fastest of each step: per-step minima are
     biased below any real run, and the measured side of every experiment keeps its fastest run too.)"""
+    # The engine and torch are imported only where the engine runs: fitting, loading and checking profiles
+    # (fidelity, the simulator's defaults) work without torch.
     from ref_engine import bench
 
     runs = grid_workloads(seed)
@@ -106,8 +110,6 @@ def measure_grid(model: Any, seed: int = 0, repeats: int = 2, rows: Sequence[int
 
 def measure_copy_bandwidth(num_bytes: int = 256 << 20, repeats: int = 5) -> float:
     """Bytes read + written per second by a large tensor copy (the best of a few), on the CPU."""
-    import time
-
     import torch
 
     src = torch.ones(num_bytes // 4)
@@ -121,7 +123,7 @@ def measure_copy_bandwidth(num_bytes: int = 256 << 20, repeats: int = 5) -> floa
 
 
 def fit_profile(arch: ArchConfig, steps: list[tuple[str, StepRecord]], *, dtype: str, memory_bandwidth: float,
-                block_size: int = 16, name: str = "calibrated", provenance: dict[str, Any] | None = None
+                block_size: int = EngineConfig.block_size, name: str = "calibrated", provenance: dict[str, Any] | None = None
                 ) -> tuple[HardwareProfile, list[CalibrationPoint]]:
     """Fit the overheads and the effective FLOP/s of the sum form to measured steps, with the memory
     bandwidth given (measured separately); returns the profile and per-point errors."""

@@ -10,6 +10,7 @@ import sys
 
 
 def _pull(args: argparse.Namespace) -> None:
+    # Each command imports only what it runs, so `serving-lab pull` and `--help` start without torch.
     from ref_engine.model.store import default_model_path
 
     print(default_model_path())

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ref_engine.core import EngineConfig, Exponential, Workload
+from serving_lab.calibrate import load_or_calibrate
 from serving_lab.experiments import Sides, static_vs_continuous
 from sim.simulator import Simulator
 
@@ -38,6 +39,8 @@ def gpu_ratios(caps: tuple[int, ...] = GPU_CAPS, num_requests: int = 512) -> lis
 
 
 def main(out_dir: str | Path = "reports/demo", model: str | None = None) -> Path:
+    # Torch, the engine and matplotlib only when the demo runs (`gpu_ratios` is simulator-only); the Agg
+    # backend must be chosen before pyplot is imported.
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,7 +49,6 @@ def main(out_dir: str | Path = "reports/demo", model: str | None = None) -> Path
 
     from ref_engine import LLM, SamplingParams
     from ref_engine.model.loader import load_model
-    from serving_lab.calibrate import load_or_calibrate
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ from ref_engine.core.request import Request
 from ref_engine.core.scheduler import Scheduler
 from sim.cost_model import BatchShape, CostModel
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for annotations only: sim.spec_decode imports this module
     from sim.spec_decode import SimulatedProposer
 
 # The token a simulated step "samples". Requests ignore EOS and have no stop tokens, so its value is moot.

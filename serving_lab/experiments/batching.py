@@ -12,6 +12,7 @@ from typing import Any
 import simpy
 
 from ref_engine.core.config import EngineConfig
+from ref_engine.core.math_utils import cdiv
 from ref_engine.core.metrics import RunMetrics, relative_error
 from ref_engine.core.workload import Exponential, LengthSpec, Workload
 from serving_lab.experiments.common import Sides, run_pair
@@ -65,6 +66,7 @@ def step_cost(batch_sizes: Iterable[int], contexts: Iterable[int], prefill_lens:
 
 def _warm_up(sides: Sides) -> None:
     """One tiny engine run, so one-time costs (first calls, allocations) stay out of the measurements."""
+    # The engine (torch) is imported only where a measured side needs it: simulator-only sweeps run without.
     from ref_engine import bench
 
     bench.run(Workload.synthetic(2, prompt_len=16, output_len=4, seed=0, name="warm-up"),
@@ -80,17 +82,17 @@ def _measure_step(kind: str, batch: int, length: int, sides: Sides, decode_token
     if kind == "prefill":
         workload = Workload.synthetic(1, prompt_len=length, output_len=1, seed=seed, name=f"prefill-{length}")
         config = EngineConfig(max_num_seqs=1, max_num_batched_tokens=max(length, 16),
-                              num_kv_blocks=-(-(length + 1) // 16) + 1)
+                              num_kv_blocks=cdiv(length + 1, EngineConfig.block_size) + 1)
         return bench.run(workload, config, model=sides.model).steps[0].duration
     budget = min(batch * length, max_tokens)
     # with a budget below B x C the prompts go in over several steps and start decoding at different steps;
     # extra output tokens keep every request running until `decode_tokens` steps decode all B at once
-    extra = 0 if budget == batch * length else 2 * -(-(batch * length) // budget)
+    extra = 0 if budget == batch * length else 2 * cdiv(batch * length, budget)
     output_len = decode_tokens + extra
     workload = Workload.synthetic(batch, prompt_len=length, output_len=output_len, seed=seed,
                                   name=f"decode-{batch}x{length}")
     config = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max(budget, 16),
-                          num_kv_blocks=batch * (-(-(length + output_len) // 16) + 1) + 1)
+                          num_kv_blocks=batch * (cdiv(length + output_len, EngineConfig.block_size) + 1) + 1)
     steps = bench.run(workload, config, model=sides.model).steps
     full = [s.duration for s in steps if s.num_seqs == batch and s.num_tokens == batch]
     if not full:
@@ -111,7 +113,7 @@ def static_vs_continuous(caps: Iterable[int], sides: Sides, *, num_requests: int
                                       seed=seed, name=f"exp-{mean_output}-cap-{cap}")
         for scheduling in ("static", "continuous"):
             config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(512, prompt_len * max_num_seqs),
-                                  num_kv_blocks=max_num_seqs * -(-(prompt_len + cap) // 16) + 16,
+                                  num_kv_blocks=max_num_seqs * cdiv(prompt_len + cap, EngineConfig.block_size) + 16,
                                   scheduling=scheduling)
             rows += run_pair(workload, config, sides, cap=cap, scheduling=scheduling)
     return rows
@@ -141,7 +143,8 @@ def _load_config(prompt_len: LengthSpec, output_len: LengthSpec, scheduling: str
     longest = _longest(prompt_len) + _longest(output_len)
     return EngineConfig(max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max(max_num_batched_tokens, _longest(prompt_len)),
-                        num_kv_blocks=max_num_seqs * -(-longest // 16) + 16, scheduling=scheduling)
+                        num_kv_blocks=max_num_seqs * cdiv(longest, EngineConfig.block_size) + 16,
+                        scheduling=scheduling)
 
 
 def capacity(sides: Sides, *, num_requests: int = 24, prompt_len: LengthSpec = (32, 128),

@@ -1,5 +1,6 @@
 """What every lesson experiment shares: the two sides (`Sides`), running one workload on both (`run_pair`,
-`_paired_rows`), the rows they return, and the checks and tables notebooks apply to them.
+`paired_rows` for many `Job`s), the rows they return (`metrics_row`), and the checks and tables notebooks
+apply to them.
 
 Rows are plain dicts: `RunMetrics` fields plus `side` ("measured" | "simulated") and, on simulated rows,
 `*_err_pct`, the simulated number's error relative to the measured one. The engine is only imported when a
@@ -51,7 +52,7 @@ class Sides:
     def simulator(self, config: EngineConfig) -> Simulator:
         return Simulator(self.simulated_arch(), self.hardware, config, dtype=self.dtype)
 
-    def cost_model(self, block_size: int = 16) -> CostModel:
+    def cost_model(self, block_size: int = EngineConfig.block_size) -> CostModel:
         """The step-time model the simulator of these sides uses (same model, profile and dtype)."""
         return self.simulator(EngineConfig(block_size=block_size, num_kv_blocks=1)).cost_model
 
@@ -63,7 +64,7 @@ def run_pair(workload: Workload, config: EngineConfig, sides: Sides, *, warmup: 
     `warmup`, when given, is served first on the same engine and not measured (a warm prefix cache). The
     engine runs `sides.repeats` times and the fastest run is kept, as calibration keeps the fastest step:
     on a shared machine other processes only ever slow a run down."""
-    return _paired_rows([_Job(workload, config, labels, warmup=(warmup,) if warmup else ())], sides)
+    return paired_rows([Job(workload, config, labels, warmup=(warmup,) if warmup else ())], sides)
 
 
 def machine_slowdown(measured: RunMetrics, sides: Sides) -> float:
@@ -119,8 +120,10 @@ def _is_metric(key: str) -> bool:
     return key in RunMetrics.__dataclass_fields__ or key.endswith("_err_pct")
 
 
-def _row(metrics: RunMetrics, side: str, labels: dict[str, Any], reference: RunMetrics | None = None
-         ) -> dict[str, Any]:
+def metrics_row(metrics: RunMetrics, side: str, labels: dict[str, Any], reference: RunMetrics | None = None
+                ) -> dict[str, Any]:
+    """One row: the labels, `side`, the metrics' scalar fields and the `RunMetrics` itself under "metrics";
+    with a measured `reference`, the `*_err_pct` of each `COMPARED` field."""
     row = {**labels, "side": side, **metrics.to_dict(), "metrics": metrics}
     if reference is not None:
         for key in COMPARED:
@@ -165,13 +168,9 @@ def _cell(value: Any, column: str) -> str:
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 @dataclass(frozen=True)
-class _Job:
-    """One configuration of a lesson-2 experiment: what to run, how to label its rows, whether to measure."""
+class Job:
+    """One configuration of an experiment: what to run, how to label its rows, whether to measure."""
 
     workload: Workload
     config: EngineConfig
@@ -180,6 +179,7 @@ class _Job:
     warmup: tuple[Workload, ...] = ()  # served first on the same engine (not measured): a warm prefix cache
 
     def run_measured(self, model: Any) -> RunMetrics:
+        # The engine (torch) is imported only where a measured side needs it: simulator-only sweeps run without.
         from ref_engine import bench
 
         return bench.run_rounds([*self.warmup, self.workload], self.config, model=model)[-1]
@@ -188,7 +188,7 @@ class _Job:
         return sides.simulator(self.config).run_rounds([*self.warmup, self.workload])[-1]
 
 
-def _paired_rows(jobs: list[_Job], sides: Sides, simulate: Any = None) -> list[dict[str, Any]]:
+def paired_rows(jobs: list[Job], sides: Sides, simulate: Any = None) -> list[dict[str, Any]]:
     """[measured row, simulated row] per job, as `run_pair` makes them, with the engine's repeats
     interleaved: every job once, then every job again, and the fastest run of each kept. A burst of load
     from another process then slows one run of a job rather than all of them. `simulate(job)` returns
@@ -205,7 +205,7 @@ def _paired_rows(jobs: list[_Job], sides: Sides, simulate: Any = None) -> list[d
         fastest = min(runs[i], key=lambda m: m.duration) if i in runs else None
         if fastest is not None:
             slowest = max(m.duration for m in runs[i])
-            rows.append({**_row(fastest, "measured", job.labels), "slowdown": machine_slowdown(fastest, sides),
+            rows.append({**metrics_row(fastest, "measured", job.labels), "slowdown": machine_slowdown(fastest, sides),
                          "repeat_spread_pct": 100.0 * (slowest / fastest.duration - 1)})  # the runs' disagreement
-        rows.append({**_row(simulated, "simulated", job.labels, reference=fastest), **extra})
+        rows.append({**metrics_row(simulated, "simulated", job.labels, reference=fastest), **extra})
     return rows

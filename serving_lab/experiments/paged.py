@@ -12,26 +12,29 @@ Lesson: lessons/02-paged-attention.md.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from statistics import fmean
 from typing import Any
 
 from ref_engine.core.config import EngineConfig
+from ref_engine.core.math_utils import cdiv
 from ref_engine.core.metrics import RunMetrics, relative_error
 from ref_engine.core.workload import LengthSpec, Workload
 from ref_engine.model.arch_config import ArchConfig
-from serving_lab.experiments.common import Sides, _cdiv, _Job, _paired_rows, pairs, same_policy
-from sim.cost_model import BatchShape
-from sim.hardware import HardwareProfile
-from sim.simulator import Simulator
+from serving_lab.experiments.common import Job, Sides, paired_rows, pairs, same_policy
+from sim.cost_model import BatchShape, kv_cache_num_blocks
+from sim.executor import CostModelTimer
+from sim.hardware import HardwareProfile, dtype_bytes
+from sim.simulator import Simulator, resolve_hardware
 
 KV_MODELS = ("smollm2-135m", "llama-2-7b", "llama-3.1-8b", "llama-3.1-70b")
 ALLOCATION_MODES = ("contiguous", "contiguous_exact", "paged")
 
 
 def kv_cache_sizes(models: Iterable[str] = KV_MODELS, *, hardware: HardwareProfile | str = "h100-sxm",
-                   dtype: str = "bfloat16", seq_len: int = 2048, block_size: int = 16,
+                   dtype: str = "bfloat16", seq_len: int = 2048, block_size: int = EngineConfig.block_size,
                    gpu_memory_utilization: float = 0.9, kv_cache_memory: int | None = None) -> list[dict[str, Any]]:
     """KV arithmetic, one row per model: bytes per token (2 x layers x KV heads x head_dim x bytes), per
     `seq_len`-token sequence (whole blocks), and how many such sequences fit at once.
@@ -40,10 +43,6 @@ def kv_cache_sizes(models: Iterable[str] = KV_MODELS, *, hardware: HardwareProfi
     weights and activations (`kv_cache_num_blocks`, vLLM's sizing); a model whose weights do not fit one
     device is sharded over the smallest tensor-parallel degree (1, 2, 4, 8) that leaves room, and `tp` says
     which. Pure arithmetic: no engine, no simulation."""
-    from sim.cost_model import kv_cache_num_blocks
-    from sim.hardware import dtype_bytes
-    from sim.simulator import resolve_hardware
-
     hw = resolve_hardware(hardware)
     b = dtype_bytes(dtype)
     rows = []
@@ -62,7 +61,7 @@ def kv_cache_sizes(models: Iterable[str] = KV_MODELS, *, hardware: HardwareProfi
                     continue
             kv_memory = num_blocks * arch.kv_bytes_per_block(block_size, b, tp) * tp  # over all tp devices
         per_token = arch.kv_bytes_per_token(b)
-        blocks_per_seq = _cdiv(seq_len, block_size)
+        blocks_per_seq = cdiv(seq_len, block_size)
         rows.append({
             "model": arch.name, "dtype": dtype, "num_layers": arch.num_layers,
             "num_attention_heads": arch.num_attention_heads, "num_kv_heads": arch.num_kv_heads,
@@ -75,9 +74,11 @@ def kv_cache_sizes(models: Iterable[str] = KV_MODELS, *, hardware: HardwareProfi
     return rows
 
 
-def engine_kv_bytes(model: Any, *, block_size: int = 16, num_kv_blocks: int = 4) -> dict[str, Any]:
+def engine_kv_bytes(model: Any, *, block_size: int = EngineConfig.block_size, num_kv_blocks: int = 4
+                    ) -> dict[str, Any]:
     """What the real engine allocates for its KV cache, against the arithmetic: builds an `LLMEngine` on
     `model` (a `LoadedModel`) with a pool of `num_kv_blocks` blocks and sums the bytes of its KV tensors."""
+    # The engine (torch) is imported only where a measured side needs it: simulator-only sweeps run without.
     from ref_engine.engine import LLMEngine
 
     engine = LLMEngine(model, config=EngineConfig(block_size=block_size, num_kv_blocks=num_kv_blocks))
@@ -131,8 +132,9 @@ def _with_memory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def allocation_modes(sides: Sides, *, modes: Iterable[str] = ALLOCATION_MODES, num_requests: int = 8,
                      prompt_len: LengthSpec = (48, 80), output_len: LengthSpec = (8, 40), num_kv_blocks: int = 64,
-                     block_size: int = 16, max_model_len: int = 256, max_num_seqs: int = 16,
-                     max_num_batched_tokens: int = 512, seed: int = 0) -> list[dict[str, Any]]:
+                     block_size: int = EngineConfig.block_size, max_model_len: int = 256,
+                     max_num_seqs: int = 16, max_num_batched_tokens: int = 512, seed: int = 0
+                     ) -> list[dict[str, Any]]:
     """The same KV budget (`num_kv_blocks` blocks of `block_size` slots) and the same all-at-once workload
     under each allocator: "contiguous" reserves `max_model_len` slots per request up front (pre-vLLM
     servers), "contiguous_exact" reserves prompt + output (an oracle that knows the output length), "paged"
@@ -140,12 +142,12 @@ def allocation_modes(sides: Sides, *, modes: Iterable[str] = ALLOCATION_MODES, n
     `memory_stats` columns and, on simulated rows, `same_policy` and `same_memory`."""
     workload = Workload.synthetic(num_requests, prompt_len=prompt_len, output_len=output_len, seed=seed,
                                   name="allocation-modes")
-    jobs = [_Job(workload, EngineConfig(block_size=block_size, num_kv_blocks=num_kv_blocks,
+    jobs = [Job(workload, EngineConfig(block_size=block_size, num_kv_blocks=num_kv_blocks,
                                         max_model_len=max_model_len, kv_allocation=mode, max_num_seqs=max_num_seqs,
                                         max_num_batched_tokens=max_num_batched_tokens, seed=seed),
                  {"allocation": mode})
             for mode in modes]
-    return _with_memory(_paired_rows(jobs, sides))
+    return _with_memory(paired_rows(jobs, sides))
 
 
 def plot_memory(ax: Any, metrics: RunMetrics, label: str = "", **style: Any) -> None:
@@ -172,22 +174,20 @@ def block_size_sweep(block_sizes: Iterable[int], sides: Sides, *, workloads: dic
     `relative_duration` (the duration over the shortest simulated duration of that workload: 1 at the
     bottom of the U) and `memory_stats`. Expect a U: tiny blocks pay the cost model's per-block overhead, big ones waste their
     tail and fit fewer sequences, worst for short sequences (vLLM Fig 18b)."""
-    from sim.hardware import dtype_bytes
-
     measure = set(measure_block_sizes)
     jobs = []
     for name, workload in workloads.items():
         for bs in block_sizes:
             if kv_cache_memory is not None:
-                sim = sides.simulator(EngineConfig(block_size=bs, num_kv_blocks=1))
-                num_blocks = kv_cache_memory // sim.arch.kv_bytes_per_block(bs, dtype_bytes(sim.dtype))
+                pool = EngineConfig(block_size=bs, kv_cache_memory=kv_cache_memory)
+                num_blocks = sides.simulator(pool).num_kv_blocks  # the engine's rule, in the simulator's dtype
             else:
                 num_blocks = kv_cache_tokens // bs
             config = EngineConfig(block_size=bs, num_kv_blocks=num_blocks, max_num_seqs=max_num_seqs,
                                   max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len)
-            jobs.append(_Job(workload, config, {"trace": name, "block_size": bs, "num_kv_blocks": num_blocks},
+            jobs.append(Job(workload, config, {"trace": name, "block_size": bs, "num_kv_blocks": num_blocks},
                              measure=bs in measure))
-    rows = _paired_rows(jobs, sides)
+    rows = paired_rows(jobs, sides)
     for name in workloads:
         group = [r for r in rows if r["trace"] == name]
         best = min(r["duration"] for r in group if r["side"] == "simulated")
@@ -239,8 +239,6 @@ class SwapPricingTimer:
     batch only, as if copies were free."""
 
     def __init__(self, cost_model: Any, link: SwapLink, bytes_per_block: int, num_layers: int) -> None:
-        from sim.executor import CostModelTimer
-
         self.batch_timer = CostModelTimer(cost_model)
         self.link = link
         self.bytes_per_block = bytes_per_block
@@ -258,8 +256,6 @@ class SwapPricingTimer:
 
 def _swap_priced_simulator(sides: Sides, config: EngineConfig, link: SwapLink | None) -> tuple[Simulator,
                                                                                                SwapPricingTimer]:
-    from sim.hardware import dtype_bytes
-
     sim = sides.simulator(config)
     link = link or (host_copy_link(sim.hardware) if sim.hardware.source == "calibrated" else PCIE4_PER_BLOCK)
     timer = SwapPricingTimer(sim.cost_model, link, sim.arch.kv_bytes_per_block(config.block_size,
@@ -271,8 +267,9 @@ def _swap_priced_simulator(sides: Sides, config: EngineConfig, link: SwapLink | 
 
 def preemption_modes(sides: Sides, *, modes: Iterable[str] = ("recompute", "swap"), num_requests: int = 8,
                      prompt_len: LengthSpec = (24, 40), output_len: LengthSpec = (24, 56), num_kv_blocks: int = 24,
-                     block_size: int = 16, max_num_seqs: int = 8, max_num_batched_tokens: int = 512,
-                     link: SwapLink | None = None, seed: int = 0) -> list[dict[str, Any]]:
+                     block_size: int = EngineConfig.block_size, max_num_seqs: int = 8,
+                     max_num_batched_tokens: int = 512, link: SwapLink | None = None, seed: int = 0
+                     ) -> list[dict[str, Any]]:
     """A pool too small for the admitted requests' growth, under each preemption mode: paging admits on
     the prompts, the outputs grow, and the most recently admitted request is preempted (recompute: free
     and re-run later; swap: copy to the host pool and back). One measured and one simulated row per mode.
@@ -285,17 +282,17 @@ def preemption_modes(sides: Sides, *, modes: Iterable[str] = ("recompute", "swap
     workload = Workload.synthetic(num_requests, prompt_len=prompt_len, output_len=output_len, seed=seed,
                                   name="squeezed-pool")
 
-    def simulate(job: _Job) -> tuple[RunMetrics, dict[str, Any]]:
+    def simulate(job: Job) -> tuple[RunMetrics, dict[str, Any]]:
         sim, timer = _swap_priced_simulator(sides, job.config, link)
         metrics = sim.run(job.workload)
         return metrics, {"swapped_blocks": timer.swapped_blocks, "swap_s": timer.swap_s}
 
-    jobs = [_Job(workload, EngineConfig(block_size=block_size, num_kv_blocks=num_kv_blocks, preemption_mode=mode,
+    jobs = [Job(workload, EngineConfig(block_size=block_size, num_kv_blocks=num_kv_blocks, preemption_mode=mode,
                                         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                         seed=seed),
                  {"preemption_mode": mode, "num_kv_blocks": num_kv_blocks, "block_size": block_size})
             for mode in modes]
-    return _with_memory(_paired_rows(jobs, sides, simulate))
+    return _with_memory(paired_rows(jobs, sides, simulate))
 
 
 def pool_squeeze(pool_sizes: Iterable[int], sides: Sides, **kwargs: Any) -> list[dict[str, Any]]:
@@ -317,14 +314,12 @@ def preemption_cost(block_sizes: Iterable[int], sides: Sides, *, num_tokens: int
     (default as in `preemption_modes`). Measured rows (when `sides.measure`): the engine's own prefill step
     of a `num_tokens` prompt (fastest of `sides.repeats`), and the runner's own swap copy
     (`ModelRunner._copy_blocks`) out and back in on real KV tensors, best of 5."""
-    from sim.hardware import dtype_bytes
-
     rows = []
     for bs in block_sizes:
-        config = EngineConfig(block_size=bs, num_kv_blocks=_cdiv(num_tokens, bs) + 1,
+        config = EngineConfig(block_size=bs, num_kv_blocks=cdiv(num_tokens, bs) + 1,
                               max_num_batched_tokens=max(num_tokens, 16), max_num_seqs=1)
         sim, timer = _swap_priced_simulator(sides, config, link)
-        num_blocks = _cdiv(num_tokens, bs)
+        num_blocks = cdiv(num_tokens, bs)
         labels = {"block_size": bs, "num_tokens": num_tokens, "num_blocks": num_blocks}
         recompute_s = sim.cost_model.step_time(BatchShape.prefill(num_tokens))
         swap_s = 2 * timer.link.seconds(num_blocks, timer.bytes_per_block, timer.num_layers)
@@ -350,8 +345,6 @@ def _measure_prefill(num_tokens: int, config: EngineConfig, sides: Sides) -> flo
 
 def _measure_swap(model: Any, block_size: int, num_blocks: int, repeats: int = 5) -> float:
     """Seconds for the runner to copy `num_blocks` blocks device -> host and back (on a CPU: DRAM to DRAM)."""
-    import time
-
     import torch
 
     from ref_engine.attention import allocate_kv_cache

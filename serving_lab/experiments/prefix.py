@@ -10,7 +10,7 @@ from typing import Any
 
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.workload import LengthSpec, Workload
-from serving_lab.experiments.common import Sides, _Job, _paired_rows, pairs
+from serving_lab.experiments.common import Job, Sides, paired_rows, pairs
 
 
 def _prefix_config(block_size: int, caching: bool, num_kv_blocks: int, max_num_seqs: int = 16,
@@ -35,8 +35,8 @@ def _with_hits(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def shared_prefix_ttft(prefix_lens: Iterable[int], sides: Sides, *, num_groups: int = 1,
                        requests_per_group: int = 8, suffix_len: LengthSpec = 50, output_len: LengthSpec = 16,
-                       block_size: int = 16, num_kv_blocks: int = 512, max_num_batched_tokens: int = 2048,
-                       seed: int = 0) -> list[dict[str, Any]]:
+                       block_size: int = EngineConfig.block_size, num_kv_blocks: int = 512,
+                       max_num_batched_tokens: int = 2048, seed: int = 0) -> list[dict[str, Any]]:
     """A shared system prompt of each length in `prefix_lens`, cache off vs on (lesson 4, "ttft-and-throughput").
 
     One request per group warms the cache first (not measured); then `requests_per_group` requests per
@@ -52,9 +52,9 @@ def shared_prefix_ttft(prefix_lens: Iterable[int], sides: Sides, *, num_groups: 
         for caching in (False, True):
             config = _prefix_config(block_size, caching, num_kv_blocks,
                                     max_num_batched_tokens=max_num_batched_tokens)
-            jobs.append(_Job(workload, config, {"prefix_len": prefix_len, "caching": caching},
+            jobs.append(Job(workload, config, {"prefix_len": prefix_len, "caching": caching},
                              warmup=(warmup,)))
-    return _with_hits(_paired_rows(jobs, sides))
+    return _with_hits(paired_rows(jobs, sides))
 
 
 def hit_rate_sweep(prefix_lens: Iterable[int], block_sizes: Iterable[int], *, requests_per_group: int = 8,
@@ -78,7 +78,7 @@ def hit_rate_sweep(prefix_lens: Iterable[int], block_sizes: Iterable[int], *, re
 
 
 def eviction_sweep(num_groups_list: Iterable[int], sides: Sides, *, prefix_len: int = 64, suffix_len: int = 8,
-                   num_rounds: int = 3, num_kv_blocks: int = 32, block_size: int = 16,
+                   num_rounds: int = 3, num_kv_blocks: int = 32, block_size: int = EngineConfig.block_size,
                    measure_groups: Iterable[int] = (), seed: int = 0) -> list[dict[str, Any]]:
     """Eviction under memory pressure: `num_groups` prefixes take turns (one request each per round) in a
     pool of `num_kv_blocks` blocks. While every prefix fits, rounds after the first hit; once they do not,
@@ -90,14 +90,15 @@ def eviction_sweep(num_groups_list: Iterable[int], sides: Sides, *, prefix_len: 
         # the same seed every round: each group sends the same prompt again, one round after another
         rounds = [Workload.shared_prefix(num_groups, 1, prefix_len, suffix_len, 4, seed=seed)] * num_rounds
         config = _prefix_config(block_size, True, num_kv_blocks, max_num_seqs=1)
-        jobs.append(_Job(rounds[-1], config, {"num_groups": num_groups,
+        jobs.append(Job(rounds[-1], config, {"num_groups": num_groups,
                                               "prefix_blocks": num_groups * (prefix_len // block_size)},
                          measure=num_groups in measure, warmup=tuple(rounds[:-1])))
-    return _with_hits(_paired_rows(jobs, sides))
+    return _with_hits(paired_rows(jobs, sides))
 
 
 def tenant_isolation(sides: Sides, *, prefix_len: int = 512, suffix_len: int = 16, output_len: int = 8,
-                     block_size: int = 16, num_kv_blocks: int = 256, seed: int = 0) -> list[dict[str, Any]]:
+                     block_size: int = EngineConfig.block_size, num_kv_blocks: int = 256, seed: int = 0
+                     ) -> list[dict[str, Any]]:
     """Tenant A sends a prompt; then the same prompt arrives from A again, from tenant B, and from A with a
     `cache_salt`. Only A's unsalted repeat may hit: B must see a cold TTFT, or B could learn from timing
     alone that someone already sent that prompt (the side channel)."""
@@ -105,19 +106,19 @@ def tenant_isolation(sides: Sides, *, prefix_len: int = 512, suffix_len: int = 1
     probe = Workload.shared_prefix(1, 1, prefix_len, suffix_len, output_len, seed=seed, name="probe")
     config = _prefix_config(block_size, True, num_kv_blocks)
     senders = {"A": ("A", None), "B": ("B", None), "A, salted": ("A", "s1")}
-    jobs = [_Job(probe.with_tenant(*who), config, {"sender": label}, warmup=(warmup,))
+    jobs = [Job(probe.with_tenant(*who), config, {"sender": label}, warmup=(warmup,))
             for label, who in senders.items()]
-    return _with_hits(_paired_rows(jobs, sides))
+    return _with_hits(paired_rows(jobs, sides))
 
 
 def chat_replay(sides: Sides, *, num_conversations: int = 4, num_turns: int = 3, first_prompt_len: int = 128,
-                turn_len: int = 96, output_len: int = 16, block_size: int = 16, num_kv_blocks: int = 512,
-                seed: int = 0) -> list[dict[str, Any]]:
+                turn_len: int = 96, output_len: int = 16, block_size: int = EngineConfig.block_size,
+                num_kv_blocks: int = 512, seed: int = 0) -> list[dict[str, Any]]:
     """Multi-turn chat: turn k of every conversation, after turns 1..k-1 ran on the same engine, cache off
     vs on. Each turn resends the whole history, so without caching TTFT grows with the conversation; with
     it, only the new message (and the partial block before it) is prefilled."""
     rounds = Workload.chat_rounds(num_conversations, num_turns, first_prompt_len, turn_len, output_len, seed=seed)
-    jobs = [_Job(rounds[k], _prefix_config(block_size, caching, num_kv_blocks), {"turn": k + 1, "caching": caching},
+    jobs = [Job(rounds[k], _prefix_config(block_size, caching, num_kv_blocks), {"turn": k + 1, "caching": caching},
                  warmup=tuple(rounds[:k]))
             for k in range(num_turns) for caching in (False, True)]
-    return _with_hits(_paired_rows(jobs, sides))
+    return _with_hits(paired_rows(jobs, sides))

@@ -9,11 +9,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from ref_engine.core.config import EngineConfig
+from ref_engine.core.math_utils import cdiv
 from ref_engine.core.metrics import RunMetrics
 from ref_engine.core.workload import Workload
-from serving_lab.experiments.common import Sides, _cdiv, _row
+from serving_lab.experiments.common import Sides, metrics_row
 from sim.cost_model import BatchShape
 from sim.simulator import Simulator
+from sim.spec_decode import AcceptanceRate, AcceptanceReplay
 
 CHAT_TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"  # SmolLM2's, for one user turn
 
@@ -67,8 +69,6 @@ def speculation(prompts: list[list[int]], configs: dict[str, EngineConfig], side
     the two sides make the same decisions and differ only in time; without the engine, `acceptance` (an
     `AcceptanceModel`) stands in for the proposer. Rows carry `config` (the label) and, when measured, the
     engine's output token ids under "token_ids" so a notebook can check greedy outputs are unchanged."""
-    from sim.spec_decode import AcceptanceReplay
-
     workload = Workload.from_token_ids(prompts, output_len, name="speculation")
     rows = []
     for label, config in configs.items():
@@ -79,14 +79,15 @@ def speculation(prompts: list[list[int]], configs: dict[str, EngineConfig], side
                              acceptance=acc if cfg.speculative_method else None).run(workload)
 
         if not sides.measure:
-            rows.append(_row(simulate(acceptance), "simulated", row_labels))
+            rows.append(metrics_row(simulate(acceptance), "simulated", row_labels))
             continue
+        # The engine (torch) is imported only where a measured side needs it: simulator-only sweeps run without.
         from ref_engine import bench
 
         runs = [bench.run(workload, config, model=sides.model) for _ in range(sides.repeats)]
         measured = min(runs, key=lambda m: m.duration)
-        rows.append(_row(measured, "measured", row_labels))
-        rows.append(_row(simulate(AcceptanceReplay(measured.steps)), "simulated", row_labels, measured))
+        rows.append(metrics_row(measured, "measured", row_labels))
+        rows.append(metrics_row(simulate(AcceptanceReplay(measured.steps)), "simulated", row_labels, measured))
     return rows
 
 
@@ -107,14 +108,12 @@ def speculation_batch_sweep(batch_sizes: Iterable[int], acceptance_rate: float, 
     Each row also carries `verify_cost`: the cost model's price of a verify step (every request checking k
     drafts) over that of a plain decode step, at this batch and the prompt's context. While decode steps
     dominate a run, the speed-up is about tokens_per_step / verify_cost, so the two columns say why it falls."""
-    from sim.spec_decode import AcceptanceRate
-
     cost_model = sides.cost_model()
     rows = []
     for batch in batch_sizes:
         workload = Workload.synthetic(batch, prompt_len, output_len, seed=batch)
         config = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max(512, batch * (k + 1)),
-                              num_kv_blocks=batch * _cdiv(prompt_len + output_len + k, 16) + 1)
+                              num_kv_blocks=batch * cdiv(prompt_len + output_len + k, EngineConfig.block_size) + 1)
         plain = sides.simulator(config).run(workload)
         spec_config = config.replace(speculative_method="ngram", num_speculative_tokens=k,
                                      speculative_disable_by_batch_size=None)
