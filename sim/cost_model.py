@@ -65,18 +65,13 @@ Tensor parallelism divides FLOPs and bytes evenly by tp (weights, heads and KV a
 out for simplicity: activations of width H are replicated rather than split, KV heads are replicated when
 tp > n_kv_heads, and the vocabulary-parallel lm_head's gather is not priced.
 
-The alternative `FittedStepModel` is the DistServe-style regression (OSDI'24, §4): prefill time
-a + b * sum(l) + c * sum(l^2), decode time a + b * sum(context) + c * batch, extended to mixed
-(chunked-prefill) batches by adding the two parts under one intercept. `fitted_features` is its design
-matrix row.
-
 Lesson: lessons/01-continuous-batching.md (the cost of a step); KV pool size in lessons/02-paged-attention.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass
 from typing import Literal
 
 from ref_engine.core.config import EngineConfig
@@ -364,77 +359,6 @@ class CostModel:
         if bandwidth <= 0:
             raise ValueError(f"profile {hw.name!r} has no {link} bandwidth")
         return latency + self._kv_bytes_per_token * num_tokens / (bandwidth * self.tensor_parallel_size)
-
-
-# ---- the DistServe-style fitted model --------------------------------------------------------------
-
-FITTED_FEATURE_NAMES = ("steps", "prefill_tokens", "prefill_quadratic", "decode_context", "decode_seqs")
-
-
-def fitted_features(shape: BatchShape) -> tuple[float, ...]:
-    """Design-matrix row of `FittedStepModel`, in the order of FITTED_FEATURE_NAMES.
-
-    Rows with q > 1 count as prefill (chunks and speculative verifies), rows with q == 1 as decode.
-        prefill_tokens    = sum q                        (DistServe's sum(l))
-        prefill_quadratic = sum q * (q + 2c) = sum (c+q)^2 - c^2   (sum(l^2) when nothing is cached;
-                            twice the attention pairs, up to a linear term, when a chunk follows a context)
-        decode_context    = sum (c + 1)                  tokens each decode attends to
-        decode_seqs       = number of decode rows        DistServe's batch term
-    """
-    prefill_tokens = prefill_quadratic = decode_context = decode_seqs = 0
-    for q, c in zip(shape.query_lens, shape.context_lens, strict=True):
-        if q > 1:
-            prefill_tokens += q
-            prefill_quadratic += q * (q + 2 * c)
-        else:
-            decode_context += c + 1
-            decode_seqs += 1
-    return (1.0, float(prefill_tokens), float(prefill_quadratic), float(decode_context), float(decode_seqs))
-
-
-@dataclass(frozen=True)
-class FittedStepModel:
-    """step_time = intercept + a_p * sum(l) + b_p * sum(l^2) + a_d * sum(context) + b_d * decode batch.
-
-    A purely empirical alternative to the roofline: five coefficients fitted by least squares to measured
-    step times (`fit`). It knows nothing about FLOPs or bytes, so it only holds for the model, dtype and
-    machine it was fitted on.
-    """
-
-    intercept_s: float
-    prefill_token_s: float
-    prefill_quadratic_s: float
-    decode_context_s: float
-    decode_seq_s: float
-
-    @property
-    def coefficients(self) -> tuple[float, ...]:
-        return astuple(self)
-
-    def step_time(self, shape: BatchShape) -> float:
-        return sum(k * x for k, x in zip(self.coefficients, fitted_features(shape), strict=True))
-
-    @classmethod
-    def from_coefficients(cls, coefficients: Sequence[float]) -> FittedStepModel:
-        if len(coefficients) != len(fields(cls)):
-            raise ValueError(f"need {len(fields(cls))} coefficients ({', '.join(f.name for f in fields(cls))}), "
-                             f"got {len(coefficients)}")
-        return cls(*(float(k) for k in coefficients))
-
-    @classmethod
-    def fit(cls, shapes: Sequence[BatchShape], times_s: Sequence[float]) -> FittedStepModel:
-        """Ordinary least squares of measured `times_s` on `fitted_features(shape)`.
-
-        Features that never vary in the data (no prefill rows, say) get a zero coefficient.
-        """
-        import numpy as np  # numpy only where fitting happens
-
-        if len(shapes) != len(times_s) or not shapes:
-            raise ValueError("need as many measured times as shapes, and at least one")
-        X = np.array([fitted_features(s) for s in shapes], dtype=float)
-        y = np.asarray(times_s, dtype=float)
-        coefficients, *_ = np.linalg.lstsq(X, y, rcond=None)
-        return cls.from_coefficients(coefficients)
 
 
 # ---- the KV-cache pool -----------------------------------------------------------------------------

@@ -43,7 +43,6 @@ class BlockPool:
         self.cached: dict[BlockHash, int] = {}  # content hash -> the block holding it
         self.block_hash: list[BlockHash | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks  # compared on a hit
-        self.num_evictions = 0
         self.remember_evictions = remember_evictions
         self.evicted: set[BlockHash] = set()  # hashes cached once and evicted (for miss explanations)
 
@@ -119,7 +118,6 @@ class BlockPool:
         self.block_tokens[b] = None
         if self.remember_evictions:
             self.evicted.add(block_hash)
-        self.num_evictions += 1
 
     @property
     def num_cached_blocks(self) -> int:

@@ -29,11 +29,6 @@ class ScheduledRequest:
     def num_scheduled_tokens(self) -> int:
         return len(self.token_ids)
 
-    @property
-    def is_prefill(self) -> bool:
-        """A chunk of more than one known token (a decode step schedules one, plus any draft tokens)."""
-        return len(self.token_ids) - self.num_draft_tokens > 1
-
 
 @dataclass(frozen=True)
 class SchedulerOutput:

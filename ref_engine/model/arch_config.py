@@ -10,7 +10,7 @@ Lesson: lessons/02-paged-attention.md (KV cache size arithmetic).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ref_engine.core.math_utils import cdiv
@@ -211,9 +211,6 @@ class ArchConfig:
         if key not in KNOWN_MODELS:
             raise ValueError(f"unknown model name {name!r}; known: {', '.join(sorted(KNOWN_MODELS))}")
         return KNOWN_MODELS[key]
-
-    def with_name(self, name: str) -> ArchConfig:
-        return replace(self, name=name)
 
 
 def _normalise_rope_scaling(scaling: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -10,14 +10,11 @@ import pytest
 
 from ref_engine.model.arch_config import ArchConfig
 from sim.cost_model import (
-    FITTED_FEATURE_NAMES,
     ROOFLINE_FEATURE_NAMES,
     ROOFLINE_UNKNOWNS,
     BatchShape,
     CostModel,
-    FittedStepModel,
     estimate_activation_bytes,
-    fitted_features,
     kv_cache_num_blocks,
 )
 from sim.hardware import HardwareProfile
@@ -247,30 +244,6 @@ def test_kv_cache_num_blocks_by_hand(tiny, toy_hw):
         kv_cache_num_blocks(tiny, toy_hw, block_size=4, gpu_memory_utilization=0.5,
                             activation_reserve_bytes=1590)
     assert estimate_activation_bytes(tiny, "bfloat16", 10, 2) == 10 * (16 + 16 + 8 + 48) * 2 + 2 * 32 * 4
-
-
-# ---- the DistServe-style fitted model ---------------------------------------------------------------
-
-def test_fitted_features_by_hand():
-    shape = BatchShape.from_pairs([(8, 0), (4, 10), (1, 99), (1, 9)])
-    assert len(FITTED_FEATURE_NAMES) == 5
-    assert fitted_features(shape) == (1.0, 12.0, 8 * 8 + 4 * (4 + 20), 100.0 + 10.0, 2.0)
-
-
-def test_fitted_model_recovers_its_coefficients():
-    truth = FittedStepModel(intercept_s=2e-3, prefill_token_s=1e-5, prefill_quadratic_s=1e-9,
-                            decode_context_s=2e-8, decode_seq_s=5e-5)
-    shapes = [BatchShape.prefill(n) for n in (16, 64, 256, 1024)]
-    shapes += [BatchShape.decode(b, c) for b in (1, 8, 32) for c in (64, 1000)]
-    shapes += [BatchShape.from_pairs([(128, 256), (1, 500), (1, 20)])]
-    times = [truth.step_time(s) for s in shapes]
-    fitted = FittedStepModel.fit(shapes, times)
-    for got, want in zip(fitted.coefficients, truth.coefficients, strict=True):
-        assert got == pytest.approx(want, rel=1e-6, abs=1e-15)
-    assert truth.step_time(BatchShape.prefill(100)) == pytest.approx(2e-3 + 1e-3 + 1e-5)
-    assert FittedStepModel.from_coefficients(truth.coefficients) == truth
-    with pytest.raises(ValueError, match="5 coefficients"):
-        FittedStepModel.from_coefficients([1.0, 2.0])
 
 
 def test_step_time_is_cheap(h100):
