@@ -6,11 +6,11 @@ from ref_engine.core.metrics import RunMetrics, StepRecord, relative_error
 from ref_engine.core.request import Request, RequestStatus
 from ref_engine.core.request_queue import FCFSRequestQueue, RequestQueue
 from ref_engine.core.scheduler import Scheduler, StaticScheduler, StepPlan, make_scheduler
-from ref_engine.core.scheduler_registry import SCHEDULERS, register_scheduler
+from ref_engine.core.scheduler_registry import SCHEDULERS, SCHEDULING_POLICIES, register_scheduler
 from ref_engine.core.workload import Exponential, Workload, WorkloadRequest
 
 __all__ = [
-    "SCHEDULERS", "EngineConfig", "Exponential", "FCFSRequestQueue", "Request", "RequestQueue", "RequestStatus",
+    "SCHEDULERS", "SCHEDULING_POLICIES", "EngineConfig", "Exponential", "FCFSRequestQueue", "Request", "RequestQueue", "RequestStatus",
     "RunMetrics", "ScheduledRequest", "Scheduler", "SchedulerOutput", "StaticScheduler", "StepPlan",
     "StepRecord", "StepResult", "Workload", "WorkloadRequest", "make_scheduler", "register_scheduler",
     "relative_error",

@@ -3,19 +3,23 @@
 The same object configures the real engine and the simulator, so a sweep in a notebook changes one value
 and both sides see it. Defaults suit a small machine; vLLM's own defaults are noted where they differ.
 
-Lesson: lessons/07-tuning-knobs.md (what each knob trades).
+Lesson: lessons/07-tuning-knobs.md (what each knob trades); the prefill budgets and scheduling policies in
+lessons/03-chunked-prefill-and-disaggregation.md (to come).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-from ref_engine.core.scheduler_registry import SCHEDULERS
+from ref_engine.core.scheduler_registry import SCHEDULERS, SCHEDULING_POLICIES
 
 PreemptionMode = Literal["recompute", "swap"]
 KVAllocation = Literal["paged", "contiguous", "contiguous_exact"]
 SpeculativeMethod = Literal["ngram", "draft_model"]
+TenantTable = tuple[tuple[str, Any], ...]  # (tenant, value) pairs, sorted by tenant: hashable, unlike a dict
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,29 @@ class EngineConfig:
     are cut into blocks; else the pool is what `gpu_memory_utilization` of the device leaves after the
     weights and activations (a fixed pool on a CPU). Engine and simulator apply the same rule
     (ref_engine/core/kv_sizing.py).
+
+    Prefill budgets (None = off) bound what one step of the continuous scheduler may hold, on top of
+    `max_num_batched_tokens` and `max_num_seqs`. A row that computes more than its request's last known
+    token is a *prefill* row (a prompt chunk, or the recompute of a preempted request); a row that computes
+    only that token (and its drafts) is a *decode* row. How they map onto vLLM's knobs:
+    - `long_prefill_token_threshold` is vLLM's: the most prefill tokens one request gets in a step (vLLM
+      writes 0 for off; so may you);
+    - `max_num_partial_prefills` is vLLM's: the most prompts mid-prefill at once. vLLM's field defaults to
+      1, but its V1 scheduler does not enforce it (V0's chunked-prefill scheduler did), so None (no limit)
+      is what vLLM V1 actually does;
+    - `prefill_budget_tokens` (a deployment manifest's name) caps a step's prefill tokens over all rows;
+      vLLM has no such knob: there the bound is `max_num_partial_prefills * long_prefill_token_threshold`;
+    - `decode_batch_max_tokens` (a deployment manifest's name) caps a step's decode rows (one token each,
+      1 + k with k drafts); vLLM bounds them only by `max_num_seqs`. Decode rows beyond the cap sit the step
+      out and keep their blocks; the earliest admitted decode first.
+    The three prefill knobs cut or hold back prompt chunks, so they need `enable_chunked_prefill`.
+
+    `scheduling` says how batches form ("continuous", "static", or a plug-in scheduler); within continuous
+    batching, `scheduling_policy` (vLLM's knob) says who is admitted first and whom preemption picks:
+    "fcfs" (arrival order), "priority" (`Request.priority`, lower first, as vLLM) or "fair" (per-tenant
+    virtual token counters, ref_engine/core/fair.py), or a registered plug-in. `tenant_weights` and
+    `tenant_max_num_seqs` configure "fair"; a dict is accepted and kept as sorted (tenant, value) pairs so
+    the config stays hashable. Requests without a tenant belong to the tenant "default".
     """
 
     block_size: int = 16
@@ -39,6 +66,13 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     preemption_mode: PreemptionMode = "recompute"
     scheduling: str = "continuous"  # a policy registered in SCHEDULERS: "continuous", "static" or a plug-in
+    scheduling_policy: str = "fcfs"  # within continuous batching: "fcfs", "priority", "fair" (SCHEDULING_POLICIES)
+    long_prefill_token_threshold: int | None = None  # most prefill tokens per request and step (None, 0: off)
+    max_num_partial_prefills: int | None = None  # most prompts mid-prefill at once (None: no limit, as vLLM V1)
+    prefill_budget_tokens: int | None = None  # most prefill tokens in one step (None: max_num_batched_tokens)
+    decode_batch_max_tokens: int | None = None  # most decode rows in one step (None: max_num_seqs)
+    tenant_weights: TenantTable | None = None  # "fair": tenant -> weight > 0 (missing tenants weigh 1)
+    tenant_max_num_seqs: TenantTable | None = None  # "fair": tenant -> most running requests (missing: no cap)
     kv_allocation: KVAllocation = "paged"  # "contiguous*" reserve whole sequences up front (lesson 2)
     enable_prefix_caching: bool = True  # reuse computed KV blocks by content hash (vLLM's default: on)
     seed: int = 0
@@ -74,6 +108,8 @@ class EngineConfig:
         _check_choice("scheduling", self.scheduling, tuple(SCHEDULERS))
         _check_choice("kv_allocation", self.kv_allocation, ("paged", "contiguous", "contiguous_exact"))
         self._check_speculative()
+        self._check_prefill_budgets()
+        self._check_policy()
         if (not self.enable_chunked_prefill and self.max_model_len is not None
                 and self.max_num_batched_tokens < self.max_model_len):
             raise ValueError(
@@ -106,6 +142,49 @@ class EngineConfig:
             if not num_layers.isdigit() or int(num_layers) < 1:
                 raise ValueError(f"speculative_model='self:L' needs L >= 1 layers, got {self.speculative_model!r}")
 
+    def _check_prefill_budgets(self) -> None:
+        threshold = self.long_prefill_token_threshold
+        if threshold is not None and (not isinstance(threshold, int) or isinstance(threshold, bool)
+                                      or threshold < 0):
+            raise ValueError(f"long_prefill_token_threshold must be a non-negative integer or None (0, None: off), "
+                             f"got {threshold!r}")
+        for knob in ("max_num_partial_prefills", "prefill_budget_tokens", "decode_batch_max_tokens"):
+            value = getattr(self, knob)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{knob} must be a positive integer or None, got {value!r}")
+        prefill_knobs = [k for k in ("long_prefill_token_threshold", "max_num_partial_prefills",
+                                     "prefill_budget_tokens") if getattr(self, k)]
+        if prefill_knobs and not self.enable_chunked_prefill:
+            raise ValueError(f"{prefill_knobs[0]} cuts or holds back prompt chunks, so it needs "
+                             "enable_chunked_prefill=True")
+        if (prefill_knobs or self.decode_batch_max_tokens is not None) and self.scheduling == "static":
+            knob = (prefill_knobs or ["decode_batch_max_tokens"])[0]
+            raise ValueError(f"{knob} bounds the continuous scheduler's steps; a static batch runs every member "
+                             "each step, so it needs scheduling='continuous' (or a plug-in on it)")
+        budget = self.max_num_batched_tokens
+        if self.prefill_budget_tokens is not None and self.prefill_budget_tokens > budget:
+            raise ValueError(f"prefill_budget_tokens ({self.prefill_budget_tokens}) must be <= "
+                             f"max_num_batched_tokens ({budget})")
+        prefill_budget = self.prefill_budget_tokens or budget
+        if threshold and threshold > prefill_budget:
+            budget_knob = "prefill_budget_tokens" if self.prefill_budget_tokens else "max_num_batched_tokens"
+            raise ValueError(f"long_prefill_token_threshold ({threshold}) must be <= {budget_knob} "
+                             f"({prefill_budget}): one request's chunk cannot exceed the step's budget")
+
+    def _check_policy(self) -> None:
+        _check_choice("scheduling_policy", self.scheduling_policy, tuple(SCHEDULING_POLICIES))
+        if self.scheduling_policy != "fcfs" and self.scheduling != "continuous":
+            raise ValueError(f"scheduling_policy={self.scheduling_policy!r} orders continuous batching; "
+                             f"scheduling={self.scheduling!r} keeps its own order, so it takes only 'fcfs'")
+        _set_table(self, "tenant_weights", lambda w: not isinstance(w, bool) and isinstance(w, (int, float))
+                   and 0 < w < math.inf, "a positive number")
+        _set_table(self, "tenant_max_num_seqs", lambda n: not isinstance(n, bool) and isinstance(n, int) and n >= 1,
+                   "a positive integer")
+        for knob in ("tenant_weights", "tenant_max_num_seqs"):
+            if getattr(self, knob) is not None and self.scheduling_policy != "fair":
+                raise ValueError(f"{knob} configures scheduling_policy='fair', got "
+                                 f"scheduling_policy={self.scheduling_policy!r}")
+
     @property
     def draft_num_layers(self) -> int | None:
         """L of speculative_model="self:L" (the target's first L layers as the draft), else None."""
@@ -132,6 +211,25 @@ class EngineConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _set_table(config: EngineConfig, knob: str, valid: Callable[[Any], bool], what: str) -> None:
+    """Check a per-tenant knob and store it as (tenant, value) pairs sorted by tenant: a frozen config
+    stays hashable and two configs with the same table compare equal. A dict or pairs are accepted."""
+    table = getattr(config, knob)
+    if table is None:
+        return
+    try:
+        pairs = list(table.items() if isinstance(table, Mapping) else table)
+        tenants = [tenant for tenant, _ in pairs]
+    except (TypeError, ValueError):
+        raise ValueError(f"{knob} must map tenant names to values, got {table!r}") from None
+    if len(set(tenants)) != len(tenants) or not all(isinstance(t, str) and t for t in tenants):
+        raise ValueError(f"{knob} must map distinct non-empty tenant names to values, got {table!r}")
+    for tenant, value in pairs:
+        if not valid(value):
+            raise ValueError(f"{knob}[{tenant!r}] must be {what}, got {value!r}")
+    object.__setattr__(config, knob, tuple(sorted(pairs)))
 
 
 def _check_choice(knob: str, value: object, choices: tuple[str, ...]) -> None:

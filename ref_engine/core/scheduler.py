@@ -7,14 +7,18 @@ decode token differ only in N.
 `Scheduler` is **continuous batching** (Orca's iteration-level scheduling, as in vLLM). `schedule` runs
 two phases that fill one `StepPlan`:
 1. `schedule_running`: running requests first, in admission order: each gets its remaining tokens (1 when
-   decoding, the rest of its prompt when prefilling), cut to the budget left (chunked prefill);
+   decoding, the rest of its prompt when prefilling), cut to the budget left (chunked prefill) and to the
+   prefill budgets (`long_prefill_token_threshold` per request, `prefill_budget_tokens` per step); a
+   decode row beyond `decode_batch_max_tokens`, or a prefill row once the prefill budget is spent, sits the
+   step out;
 2. if a running request needs a KV block and none is free, a victim is preempted (`select_victim`: the
    most recently admitted running request): by recompute (free its blocks, requeue it at the head,
    recompute prompt + output later) or by swap (copy its blocks to the host pool; recompute when the host
    pool is full);
 3. `schedule_waiting`, only if nothing was preempted: waiting requests are admitted in the waiting queue's
-   order (`request_queue_class`: first come, first served) while budget, `max_num_seqs` and free blocks
-   last; the first that does not fit stops admission. A request joins the batch the step after another
+   order (`request_queue_class`: first come, first served) while budget, `max_num_seqs`,
+   `max_num_partial_prefills`, the prefill budgets and free blocks last; the first that does not fit stops
+   admission. A request joins the batch the step after another
    leaves: no bubbles. With prefix caching, an admitted request starts with its cached leading blocks
    already computed, so only the rest of its prompt counts against the budget;
 4. after the step (`update_from_output`), every block a request completed is registered in the prefix
@@ -23,7 +27,8 @@ two phases that fill one `StepPlan`:
 A scheduling policy is a subclass that overrides some of these parts (the queue's order, the victim, how
 a phase spends the budget) and registers under a name with `@register_scheduler`
 (ref_engine/core/scheduler_registry.py); `EngineConfig(scheduling=name)` then selects it, in the engine
-and in the simulator alike. `StaticScheduler`, the baseline lesson 1 contrasts, is one: it forms a batch,
+and in the simulator alike. The scheduling policies of continuous batching ("fcfs", which is this class,
+"priority", "fair") are such subclasses too, selected by `EngineConfig(scheduling_policy=name)`. `StaticScheduler`, the baseline lesson 1 contrasts, is one: it forms a batch,
 reserves each member's whole prompt + max_tokens up front, and admits nobody until every member has
 finished.
 
@@ -39,7 +44,8 @@ clock) and the simulator (SimPy clock) drive the very same objects, through the 
 else (`get_request`, `finish_request`, `update_draft_token_ids`, `take_prefix_cache_explanation`, ...).
 
 Lesson: lessons/01-continuous-batching.md; preemption in lessons/02-paged-attention.md; cache lookups in
-lessons/04-prefix-caching.md; speculation in lessons/05-speculative-decoding.md.
+lessons/04-prefix-caching.md; speculation in lessons/05-speculative-decoding.md; prefill budgets in
+lessons/03-chunked-prefill-and-disaggregation.md (to come).
 """
 
 from __future__ import annotations
@@ -52,14 +58,18 @@ from ref_engine.core.interfaces import ScheduledRequest, SchedulerOutput, StepRe
 from ref_engine.core.kv_cache_manager import KVCacheManager, PrefixCacheExplanation
 from ref_engine.core.request import Request, RequestStatus
 from ref_engine.core.request_queue import FCFSRequestQueue, RequestQueue
-from ref_engine.core.scheduler_registry import SCHEDULERS, register_scheduler
+from ref_engine.core.scheduler_registry import SCHEDULERS, SCHEDULING_POLICIES, register_scheduler
 
 
 @dataclass
 class StepPlan:
-    """One step's decisions so far: the phases of `Scheduler.schedule` add to it, in batch order."""
+    """One step's decisions so far: the phases of `Scheduler.schedule` add to it, in batch order. A prefill
+    row computes more than its request's last known token; a decode row computes just that (and drafts)."""
 
     token_budget: int  # tokens this step may still schedule
+    prefill_token_budget: int  # prefill tokens it may still schedule (`prefill_budget_tokens`)
+    decode_row_budget: int  # decode rows it may still schedule (`decode_batch_max_tokens`)
+    partial_prefill_budget: int  # prefill rows it may still schedule (`max_num_partial_prefills`)
     scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, its new tokens)
     preempted: list[str] = field(default_factory=list)  # request ids, in the order they were preempted
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, host block)
@@ -67,6 +77,7 @@ class StepPlan:
 
 
 @register_scheduler("continuous")
+@register_scheduler("fcfs", policy=True)
 class Scheduler:
     """Continuous batching with chunked prefill and preemption."""
 
@@ -78,6 +89,12 @@ class Scheduler:
         if config.max_model_len is None:
             raise ValueError("max_model_len is unset: call config.for_model(...) before building a scheduler")
         self.config = config
+        # A budget that is off is the bound the step has anyway, so the phases need no None checks.
+        budget = config.max_num_batched_tokens
+        self.long_prefill_token_threshold = config.long_prefill_token_threshold or budget
+        self.prefill_budget_tokens = config.prefill_budget_tokens or budget
+        self.decode_batch_max_tokens = config.decode_batch_max_tokens or config.max_num_seqs
+        self.max_num_partial_prefills = config.max_num_partial_prefills or config.max_num_seqs
         if config.preemption_mode == "swap":
             num_swap = num_kv_blocks if config.num_swap_blocks is None else config.num_swap_blocks
         else:
@@ -182,7 +199,8 @@ class Scheduler:
         """Spend this step's token budget: `schedule_running`, then `schedule_waiting` unless a request was
         preempted (memory is short, so a newcomer would only push someone out again)."""
         proposed = {r.request_id: len(r.spec_token_ids) for r in self.running if r.spec_token_ids}
-        plan = StepPlan(self.config.max_num_batched_tokens)
+        plan = StepPlan(self.config.max_num_batched_tokens, self.prefill_budget_tokens,
+                        self.decode_batch_max_tokens, self.max_num_partial_prefills)
         self.schedule_running(plan)
         if not plan.preempted:
             self.schedule_waiting(plan, now)
@@ -190,18 +208,26 @@ class Scheduler:
 
     def schedule_running(self, plan: StepPlan) -> None:
         """Give each running request, in admission order, its remaining tokens (plus its drafts when it
-        decodes) cut to the budget left; when its KV blocks cannot grow, preempt `select_victim`'s choice
-        among the requests not yet scheduled, until they can or the request itself was the victim."""
+        decodes) cut to the budgets left; when its KV blocks cannot grow, preempt `select_victim`'s choice
+        among the requests not yet scheduled, until they can or the request itself was the victim. A row
+        the decode or prefill budget has no room for sits the step out (and keeps its blocks)."""
         kv = self.kv_cache_manager
         running = self.running
         scheduled = plan.scheduled
-        budget = plan.token_budget
+        budget, prefill_budget = plan.token_budget, plan.prefill_token_budget
+        decode_rows, prefill_rows = plan.decode_row_budget, plan.partial_prefill_budget
+        threshold = self.long_prefill_token_threshold
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
             remaining = request.num_tokens - request.num_computed_tokens
-            num_drafts = len(request.spec_token_ids) if remaining == 1 else 0  # drafts follow a decode token
-            n = min(remaining + num_drafts, budget)
+            if remaining == 1:  # a decode row: the last known token, and the drafts after it
+                n = min(1 + len(request.spec_token_ids), budget) if decode_rows else 0
+            else:
+                n = min(remaining, threshold, prefill_budget, budget)
+            if not n:
+                i += 1
+                continue
             while kv.allocate_slots(request, n) is None:
                 victim = self.select_victim(running[i:])
                 self.preempt(victim, plan)
@@ -210,13 +236,20 @@ class Scheduler:
             else:
                 scheduled.append((request, n))
                 budget -= n
+                if remaining == 1:
+                    decode_rows -= 1
+                else:
+                    prefill_budget -= n
+                    prefill_rows -= 1
                 i += 1
-        plan.token_budget = budget
+        plan.token_budget, plan.prefill_token_budget = budget, prefill_budget
+        plan.decode_row_budget, plan.partial_prefill_budget = decode_rows, prefill_rows
 
     def schedule_waiting(self, plan: StepPlan, now: float) -> None:
-        """Admit waiting requests in the queue's order while budget, `max_num_seqs` and free blocks last.
-        Each gets its remaining tokens after its cached prefix, or (chunked prefill) what the budget has
-        left; the first that does not fit stops admission, so the queue's order is never overtaken."""
+        """Admit waiting requests in the queue's order while budget, `max_num_seqs`, the prefill budgets and
+        free blocks last. Each gets its remaining tokens after its cached prefix, or (chunked prefill) what
+        the budgets have left; the first that does not fit stops admission, so the queue's order is never
+        overtaken."""
         kv = self.kv_cache_manager
         waiting = self.waiting
         max_num_seqs = self.config.max_num_seqs
@@ -224,11 +257,15 @@ class Scheduler:
         while waiting and budget > 0 and len(self.running) < max_num_seqs:
             request = waiting.peek_request()
             prefix = kv.get_computed_blocks(request)
-            n = request.num_tokens - request.num_computed_tokens - prefix.num_tokens
-            if n > budget:
-                if not self.config.enable_chunked_prefill:
-                    break
-                n = budget
+            remaining = request.num_tokens - request.num_computed_tokens - prefix.num_tokens
+            if remaining == 1:  # a decode row (a swapped-out decode, or a prompt cached but for its last token)
+                n = min(1, plan.decode_row_budget, budget)
+            elif plan.partial_prefill_budget:
+                n = min(remaining, self.long_prefill_token_threshold, plan.prefill_token_budget, budget)
+            else:
+                n = 0
+            if not n or (n < remaining and not self.config.enable_chunked_prefill):
+                break
             if request.status is RequestStatus.SWAPPED:
                 swap_in = kv.swap_in(request, n)
                 if swap_in is None:
@@ -239,12 +276,17 @@ class Scheduler:
             self.admit(waiting.pop_request(), now, prefix.num_tokens)
             plan.scheduled.append((request, n))
             budget -= n
+            if remaining == 1:
+                plan.decode_row_budget -= 1
+            else:
+                plan.prefill_token_budget -= n
+                plan.partial_prefill_budget -= 1
         plan.token_budget = budget
 
     def select_victim(self, candidates: Sequence[Request]) -> Request:
         """The request to preempt when KV blocks run out. `candidates` are the running requests not yet
-        scheduled this step, in admission order (the last is the one that needs the block); the default is
-        the most recently admitted, which has the least work to lose."""
+        scheduled this step, in the running list's order (the first is the one that needs the block); the
+        default is the last, the most recently admitted, which has the least work to lose."""
         return candidates[-1]
 
     def admit(self, request: Request, now: float, num_cached_tokens: int = 0) -> None:
@@ -409,6 +451,10 @@ class StaticScheduler(Scheduler):
 
 def make_scheduler(config: EngineConfig, num_kv_blocks: int, *, cache_namespace: str = "",
                    explain_misses: bool = False) -> Scheduler:
-    """The scheduler `config.scheduling` names (a policy registered with `register_scheduler`)."""
-    return SCHEDULERS[config.scheduling](config, num_kv_blocks, cache_namespace=cache_namespace,
-                                         explain_misses=explain_misses)
+    """The scheduler `config.scheduling` names, or for continuous batching the one `config.scheduling_policy`
+    names (both registered with `register_scheduler`)."""
+    if config.scheduling == "continuous":
+        cls = SCHEDULING_POLICIES[config.scheduling_policy]
+    else:
+        cls = SCHEDULERS[config.scheduling]
+    return cls(config, num_kv_blocks, cache_namespace=cache_namespace, explain_misses=explain_misses)

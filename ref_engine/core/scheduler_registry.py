@@ -1,11 +1,19 @@
-"""The scheduling policies by name: `EngineConfig(scheduling=name)` picks one, `make_scheduler` builds it.
+"""The schedulers by name: `EngineConfig(scheduling=...)` and `EngineConfig(scheduling_policy=...)` pick one,
+`make_scheduler` builds it.
 
-One table serves both, so a policy defined anywhere (a lesson, a test, a notebook) becomes a knob value by
-decorating its class with `@register_scheduler("name")`, with no edit to the core. The core registers
-"continuous" and "static" (ref_engine/core/scheduler.py); this module imports nothing, so the config can
-validate against the table without importing the schedulers.
+One rule serves both knobs: a name stands for a `Scheduler` subclass, registered by decorating the class
+with `@register_scheduler("name")`, so a scheduler defined anywhere (a lesson, a test, a notebook) becomes a
+knob value with no edit to the core. The two knobs are two tables of that one registry:
+- `SCHEDULERS` (`scheduling`): how batches form. The core registers "continuous" and "static"
+  (ref_engine/core/scheduler.py); a plug-in may replace any part of the scheduler.
+- `SCHEDULING_POLICIES` (`scheduling_policy`, vLLM's knob), registered with `policy=True`: within continuous
+  batching, who is admitted first and whom preemption picks. The core registers "fcfs" (the continuous
+  scheduler itself), "priority" (ref_engine/core/priority.py) and "fair" (ref_engine/core/fair.py). A policy
+  is a subclass of the continuous scheduler; `make_scheduler` builds it when `scheduling="continuous"`.
+This module imports nothing, so the config can validate against the tables without importing the schedulers.
 
-Lesson: lessons/01-continuous-batching.md (continuous and static batching).
+Lesson: lessons/01-continuous-batching.md (continuous and static batching); scheduling policies in
+lessons/03-chunked-prefill-and-disaggregation.md (to come).
 """
 
 from __future__ import annotations
@@ -18,17 +26,20 @@ if TYPE_CHECKING:
 
 SchedulerT = TypeVar("SchedulerT", bound="type[Scheduler]")
 
-SCHEDULERS: dict[str, type[Scheduler]] = {}  # in registration order; the core's two come first
+SCHEDULERS: dict[str, type[Scheduler]] = {}  # `scheduling`, in registration order; the core's two come first
+SCHEDULING_POLICIES: dict[str, type[Scheduler]] = {}  # `scheduling_policy`; "fcfs" first
 
 
-def register_scheduler(name: str) -> Callable[[SchedulerT], SchedulerT]:
-    """Class decorator: make a `Scheduler` subclass the policy `EngineConfig(scheduling=name)` selects.
-    A name already taken by another class is an error, so a plug-in cannot silently replace a policy."""
+def register_scheduler(name: str, *, policy: bool = False) -> Callable[[SchedulerT], SchedulerT]:
+    """Class decorator: make a `Scheduler` subclass the value `name` of `EngineConfig.scheduling`, or with
+    `policy=True` of `EngineConfig.scheduling_policy`. A name already taken by another class is an error, so
+    a plug-in cannot silently replace a scheduler."""
+    table, knob = (SCHEDULING_POLICIES, "scheduling_policy") if policy else (SCHEDULERS, "scheduling")
 
     def register(cls: SchedulerT) -> SchedulerT:
-        if SCHEDULERS.get(name, cls) is not cls:
-            raise ValueError(f"scheduling policy {name!r} is already registered to {SCHEDULERS[name].__qualname__}")
-        SCHEDULERS[name] = cls
+        if table.get(name, cls) is not cls:
+            raise ValueError(f"{knob} {name!r} is already registered to {table[name].__qualname__}")
+        table[name] = cls
         return cls
 
     return register

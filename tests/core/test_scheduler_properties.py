@@ -218,3 +218,59 @@ def test_speculative_steps_roll_back_to_the_accepted_tokens(scenario, k, disable
     kv = sched.kv_cache_manager
     assert kv.block_pool.num_free_blocks == num_blocks and not kv.block_tables
     assert kv.host_pool.num_free_blocks == kv.host_pool.num_blocks
+
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenarios(), st.data())
+def test_prefill_budgets_bound_every_step_and_every_request_finishes(scenario, data):
+    """The prefill budgets on random workloads: no prefill row exceeds `long_prefill_token_threshold`, no
+    step holds more than `prefill_budget_tokens` prefill tokens or `decode_batch_max_tokens` decode rows, no
+    more than `max_num_partial_prefills` prompts are mid-prefill (scheduled this step or not), and yet
+    everything finishes: a budget delays requests, it never deadlocks them."""
+    config, num_blocks, specs, _, seed = scenario
+    budget = config.max_num_batched_tokens
+    prefill_budget = data.draw(st.one_of(st.none(), st.integers(1, budget)))
+    config = config.replace(
+        scheduling="continuous", enable_chunked_prefill=True, kv_allocation="paged",
+        long_prefill_token_threshold=data.draw(st.one_of(st.none(), st.integers(0, prefill_budget or budget))),
+        prefill_budget_tokens=prefill_budget,
+        max_num_partial_prefills=data.draw(st.one_of(st.none(), st.integers(1, 3))),
+        decode_batch_max_tokens=data.draw(st.one_of(st.none(), st.integers(1, 3))))
+    rng = random.Random(seed)
+    sched = make_scheduler(config, num_blocks)
+    pending = [(arrive, Request(str(i), [rng.randrange(1, 50) for _ in range(prompt_len)], max_tokens,
+                                ignore_eos=True, tenant=tenant))
+               for i, (prompt_len, max_tokens, arrive, _, tenant) in enumerate(specs)]
+    accepted = []
+    for step in range(3000):
+        for arrive, req in pending:
+            if arrive == step:
+                try:
+                    sched.add_request(req)
+                    accepted.append(req)
+                except ValueError:
+                    pass
+        out = sched.schedule(now=float(step))
+        check_step_invariants(sched, out)
+        prefill_rows = {}
+        decode_rows = 0
+        for s in out.scheduled:
+            if s.num_computed_tokens == sched.requests[s.request_id].num_tokens - 1:
+                decode_rows += 1
+            else:
+                prefill_rows[s.request_id] = s.num_scheduled_tokens
+        assert all(n <= (config.long_prefill_token_threshold or budget) for n in prefill_rows.values())
+        assert sum(prefill_rows.values()) <= (config.prefill_budget_tokens or budget)
+        assert decode_rows <= (config.decode_batch_max_tokens or config.max_num_seqs)
+        mid_prefill = set(prefill_rows) | {r.request_id for r in sched.running
+                                           if r.num_computed_tokens < r.num_tokens - 1}
+        assert len(mid_prefill) <= (config.max_num_partial_prefills or config.max_num_seqs)
+        result = StepResult({s.request_id: [rng.randrange(0, 50)] for s in out.scheduled if s.needs_logits})
+        sched.update_from_output(out, result, now=float(step) + 0.5)
+        if not sched.has_unfinished_requests() and all(arrive <= step for arrive, _ in pending):
+            break
+    else:
+        raise AssertionError("the scheduler did not drain its requests in 3000 steps (deadlock or livelock)")
+    assert all(req.status is RequestStatus.FINISHED_LENGTH for req in accepted)
+    assert sched.kv_cache_manager.block_pool.num_free_blocks == num_blocks
