@@ -120,13 +120,13 @@ class LLMEngine:
 
     def _make_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                       arrival_time: float | None = None) -> tuple[Request, str | None]:
-        text, token_ids, tenant, cache_salt = self._parse_prompt(prompt)
+        text, token_ids, tenant, cache_salt, priority = self._parse_prompt(prompt)
         request = Request(
             request_id=request_id, prompt_token_ids=token_ids, max_tokens=params.max_tokens,
             arrival_time=self.now() if arrival_time is None else arrival_time,
             eos_token_ids=self.eos_token_ids, stop_token_ids=frozenset(params.stop_token_ids),
             ignore_eos=params.ignore_eos, min_tokens=params.min_tokens, tenant=tenant, cache_salt=cache_salt,
-            sampling_params=params)
+            priority=priority, sampling_params=params)
         return request, text
 
     def explain_prefix_cache(self, prompt: PromptType) -> PrefixCacheExplanation:
@@ -238,18 +238,23 @@ class LLMEngine:
                              "or set kv_cache_memory or num_kv_blocks")
         return blocks
 
-    def _parse_prompt(self, prompt: PromptType) -> tuple[str | None, list[int], str | None, str | None]:
-        """(text, token ids, tenant, cache_salt) from a str, a list of ids or a dict in vLLM's shape."""
+    def _parse_prompt(self, prompt: PromptType) -> tuple[str | None, list[int], str | None, str | None, int]:
+        """(text, token ids, tenant, cache_salt, priority) from a str, a list of ids or a dict in vLLM's
+        shape."""
         tenant = cache_salt = None
+        priority = 0
         if isinstance(prompt, dict):
-            unknown = set(prompt) - {"prompt", "prompt_token_ids", "tenant", "cache_salt"}
+            unknown = set(prompt) - {"prompt", "prompt_token_ids", "tenant", "cache_salt", "priority"}
             if unknown:
                 raise ValueError(f"prompt dict has unknown key(s) {sorted(unknown)}; expected 'prompt' or "
-                                 "'prompt_token_ids', optionally 'tenant' and 'cache_salt'")
+                                 "'prompt_token_ids', optionally 'tenant', 'cache_salt' and 'priority'")
             tenant, cache_salt = prompt.get("tenant"), prompt.get("cache_salt")
             for key, value in (("tenant", tenant), ("cache_salt", cache_salt)):
                 if value is not None and (not isinstance(value, str) or not value):
                     raise ValueError(f"prompt dict's {key!r} must be a non-empty string, got {value!r}")
+            priority = prompt.get("priority", 0)
+            if not isinstance(priority, int) or isinstance(priority, bool):
+                raise ValueError(f"prompt dict's 'priority' must be an integer, got {priority!r}")
             if "prompt_token_ids" in prompt:
                 prompt = prompt["prompt_token_ids"]
             elif "prompt" in prompt:
@@ -259,7 +264,7 @@ class LLMEngine:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
-            return prompt, self.tokenizer.encode(prompt), tenant, cache_salt
+            return prompt, self.tokenizer.encode(prompt), tenant, cache_salt, priority
         if isinstance(prompt, (list, tuple)):
             ids = list(prompt)
             if not ids:
@@ -268,7 +273,7 @@ class LLMEngine:
             if bad:
                 raise ValueError(f"prompt_token_ids has ids outside the vocabulary [0, {self.arch.vocab_size}): "
                                  f"{bad[:5]}")
-            return None, ids, tenant, cache_salt
+            return None, ids, tenant, cache_salt, priority
         raise ValueError(f"a prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
 
     def _record_logprobs(self, request: Request, row: int, token_id: int, sample: Any) -> None:

@@ -16,17 +16,30 @@ entries, (request id, draft tokens, accepted drafts) for each request that verif
 speculative-decoding counts (lesson 5): tokens drafted and accepted, the mean acceptance length (tokens a
 verify step emits: accepted + 1) and the acceptance rate by draft position.
 
-Lesson: lessons/01-continuous-batching.md (measuring a server).
+`RequestRecord` keeps each request's row (tenant, priority, timestamps, token counts, preemptions), from
+which the scheduling-policy numbers come (lesson 3):
+- `per_tenant`: each tenant's requests, output tokens, mean and p99 TTFT and E2EL, and last finish time;
+- `jain_fairness(weights)`: Jain's index over weighted service, (sum x)^2 / (n * sum x^2) with
+  x_i = service_i / weight_i, where a tenant's service is the tokens it was served (prompt tokens once its
+  prefill is done, output tokens as produced) up to the first time a tenant finished all its work, the
+  stretch in which every tenant still had work; 1 is perfectly fair, 1/n is one tenant served alone;
+- `goodput(ttft_slo_ms, tpot_slo_ms)`, as DistServe (Zhong et al., OSDI'24) defines it: completed requests
+  per second that met both latency SLOs; `slo_attainment` is the share of all requests that met them.
+`to_dict` leaves the rows, the per-tenant table and the step log out: it stays a flat dict of numbers.
+
+Lesson: lessons/01-continuous-batching.md (measuring a server); per-tenant numbers and goodput in
+lessons/03-chunked-prefill-and-disaggregation.md (to come).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from statistics import fmean, median
 
 from ref_engine.core.interfaces import SchedulerOutput, StepResult
-from ref_engine.core.request import Request, RequestStatus
+from ref_engine.core.request import DEFAULT_TENANT, Request, RequestStatus
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,68 @@ class StepRecord:
     @property
     def num_seqs(self) -> int:
         return len(self.query_lens)
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request's row: who sent it, when it moved, what it cost. Times on the run's clock, in seconds."""
+
+    request_id: str
+    tenant: str | None
+    priority: int
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finish_time: float | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    num_preemptions: int
+    finished: bool  # completed (False: aborted)
+    token_times: tuple[float, ...] = field(default=(), repr=False)  # when each output token was produced
+
+    @classmethod
+    def from_request(cls, r: Request) -> RequestRecord:
+        return cls(r.request_id, r.tenant, r.priority, r.arrival_time, r.first_scheduled_time, r.first_token_time,
+                   r.finish_time, r.num_prompt_tokens, r.num_output_tokens, r.num_cached_tokens or 0,
+                   r.num_preemptions, r.status in _COMPLETED, tuple(r.token_times))
+
+    @property
+    def ttft(self) -> float:
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def e2el(self) -> float:
+        return self.finish_time - self.arrival_time
+
+    @property
+    def tpot(self) -> float | None:
+        """None for a one-token request, which has no time per output token."""
+        if self.num_output_tokens < 2:
+            return None
+        return (self.finish_time - self.first_token_time) / (self.num_output_tokens - 1)
+
+    def tokens_served_by(self, t: float) -> int:
+        """Prompt tokens once the prefill is done (the first token is out), plus output tokens, by time t."""
+        if self.first_token_time is None or self.first_token_time > t:
+            return 0
+        return self.num_prompt_tokens + sum(1 for x in self.token_times if x <= t)
+
+
+@dataclass(frozen=True)
+class TenantStats:
+    """One tenant's completed requests, summed up."""
+
+    requests: int
+    output_tokens: int
+    mean_ttft_ms: float
+    p99_ttft_ms: float
+    mean_e2el_ms: float
+    p99_e2el_ms: float
+    last_finish_time: float
+
+
+_COMPLETED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -127,12 +202,14 @@ class RunMetrics:
     draft_acceptance_rate: float = math.nan  # accepted / drafted tokens
     mean_acceptance_length: float = math.nan  # tokens a verify emits: 1 + accepted per draft
     acceptance_by_position: tuple[float, ...] = ()  # [i]: of drafts with an (i+1)-th token, share accepting it
+    requests: tuple[RequestRecord, ...] = field(default=(), repr=False)  # every request's row, in input order
+    per_tenant: dict[str, TenantStats] = field(default_factory=dict, repr=False)  # completed; None: "default"
 
     @classmethod
     def from_requests(cls, requests: list[Request], steps: list[StepRecord], *, num_failed: int = 0,
                       duration: float | None = None) -> RunMetrics:
         """Aggregate finished requests (aborted ones count as failed) and the step log."""
-        done = [r for r in requests if r.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)]
+        done = [r for r in requests if r.status in _COMPLETED]
         failed = num_failed + sum(r.status is RequestStatus.FINISHED_ABORTED for r in requests)
         if duration is None:
             duration = (max(r.finish_time for r in done) - min(r.arrival_time for r in requests)) if done else 0.0
@@ -163,13 +240,64 @@ class RunMetrics:
             prefix_cache_hit_rate=hits / n_in if n_in else 0.0,
             steps=steps,
             **_spec_decode_counts(steps),
+            requests=tuple(RequestRecord.from_request(r) for r in requests),
+            per_tenant=_per_tenant(done),
         )
 
     def to_dict(self) -> dict[str, float | int]:
-        """The scalar fields (the step log left out), for tables and JSON."""
-        d = asdict(self)
-        del d["steps"]
-        return d
+        """The scalar fields (the step log, request rows and per-tenant table left out), for tables and JSON."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_SCALAR}
+
+    def jain_fairness(self, weights: Mapping[str, float] | Iterable[tuple[str, float]] | None = None) -> float:
+        """Jain's index over the tenants' weighted service (module docstring); `weights` as
+        `EngineConfig.tenant_weights` (missing tenants weigh 1); nan with no completed request."""
+        weights = dict(weights or ())
+        if not self.per_tenant:
+            return math.nan
+        until = min(stats.last_finish_time for stats in self.per_tenant.values())
+        service = dict.fromkeys(self.per_tenant, 0)
+        for row in self.requests:
+            tenant = DEFAULT_TENANT if row.tenant is None else row.tenant
+            if tenant in service:
+                service[tenant] += row.tokens_served_by(until)
+        x = [s / weights.get(tenant, 1.0) for tenant, s in service.items()]
+        return sum(x) ** 2 / (len(x) * sum(v * v for v in x))
+
+    def slo_attainment(self, ttft_slo_ms: float | None = None, tpot_slo_ms: float | None = None) -> float:
+        """The share of all requests (failed ones included, as misses) that completed within both SLOs;
+        an SLO left None holds for every request, and so does the TPOT SLO for a one-token request."""
+        total = self.completed + self.failed
+        return self._num_within_slo(ttft_slo_ms, tpot_slo_ms) / total if total else math.nan
+
+    def goodput(self, ttft_slo_ms: float | None = None, tpot_slo_ms: float | None = None) -> float:
+        """Requests per second that completed within both SLOs (DistServe's goodput)."""
+        if self.duration <= 0:
+            return math.nan
+        return self._num_within_slo(ttft_slo_ms, tpot_slo_ms) / self.duration
+
+    def _num_within_slo(self, ttft_slo_ms: float | None, tpot_slo_ms: float | None) -> int:
+        ttft_s = math.inf if ttft_slo_ms is None else ttft_slo_ms / 1000
+        tpot_s = math.inf if tpot_slo_ms is None else tpot_slo_ms / 1000
+        return sum(1 for row in self.requests
+                   if row.finished and row.ttft <= ttft_s and (row.tpot is None or row.tpot <= tpot_s))
+
+
+_NOT_SCALAR = frozenset({"steps", "requests", "per_tenant"})
+
+
+def _per_tenant(done: list[Request]) -> dict[str, TenantStats]:
+    by_tenant: dict[str, list[Request]] = {}
+    for r in done:
+        by_tenant.setdefault(r.tenant_key, []).append(r)
+    table = {}
+    for tenant, rs in by_tenant.items():
+        ttft = [(r.first_token_time - r.arrival_time) * 1000 for r in rs]
+        e2el = [(r.finish_time - r.arrival_time) * 1000 for r in rs]
+        table[tenant] = TenantStats(
+            requests=len(rs), output_tokens=sum(r.num_output_tokens for r in rs), mean_ttft_ms=fmean(ttft),
+            p99_ttft_ms=_percentile(ttft, 99), mean_e2el_ms=fmean(e2el), p99_e2el_ms=_percentile(e2el, 99),
+            last_finish_time=max(r.finish_time for r in rs))
+    return table
 
 
 def _spec_decode_counts(steps: list[StepRecord]) -> dict[str, object]:

@@ -43,6 +43,8 @@ class RequestStatus(enum.IntEnum):
                 RequestStatus.FINISHED_ABORTED: "abort"}.get(self)
 
 
+DEFAULT_TENANT = "default"  # the tenant of requests that name none, wherever tenants are counted
+
 # A plain int: on Python 3.11 reading a member off the enum class (RequestStatus.SWAPPED) goes through
 # EnumType's attribute hook, which made `is_finished`, checked per request per step, 3x slower.
 _FIRST_FINISHED = int(RequestStatus.FINISHED_STOPPED)
@@ -62,6 +64,7 @@ class Request:
     min_tokens: int = 0
     tenant: str | None = None
     cache_salt: str | None = None  # with the tenant, the prefix-cache isolation key
+    priority: int = 0  # scheduling_policy="priority": lower runs first, as in vLLM
     sampling_params: Any = None
 
     output_token_ids: list[int] = field(default_factory=list)
@@ -82,6 +85,11 @@ class Request:
             raise ValueError(f"request {self.request_id!r}: prompt_token_ids is empty")
         if self.max_tokens < 1:
             raise ValueError(f"request {self.request_id!r}: max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def tenant_key(self) -> str:
+        """The tenant this request is counted under: its own, or `DEFAULT_TENANT`."""
+        return DEFAULT_TENANT if self.tenant is None else self.tenant
 
     @property
     def num_prompt_tokens(self) -> int:

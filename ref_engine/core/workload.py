@@ -13,8 +13,12 @@ For prefix caching, a request can start with a prefix drawn from a shared *prefi
 stream per group, so every request of a group (and of later workloads with the same seed: chat turns)
 begins with the same tokens.
 
+Workloads of several senders are built by tagging each (`with_tenant`, `with_priority`) and adding them:
+`a + b` holds the requests of both in arrival order.
+
 Lesson: lessons/01-continuous-batching.md (experiment protocol); lessons/04-prefix-caching.md (shared
-prefixes, chat rounds, tenants).
+prefixes, chat rounds, tenants); scheduling policies in lessons/03-chunked-prefill-and-disaggregation.md
+(to come).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class WorkloadRequest:
     cache_salt: str | None = None
     prefix_group: int | None = None  # the first `prefix_len` prompt tokens come from this group's stream
     prefix_len: int = 0
+    priority: int = 0  # scheduling_policy="priority": lower runs first
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,22 @@ class Workload:
         return replace(self, requests=tuple(replace(r, tenant=tenant, cache_salt=cache_salt)
                                             for r in self.requests), name=f"{self.name}@{tenant}")
 
+    def with_priority(self, priority: int) -> Workload:
+        """The same requests, all with `priority` (lower runs first under scheduling_policy="priority")."""
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        return replace(self, requests=tuple(replace(r, priority=priority) for r in self.requests),
+                       name=f"{self.name}!{priority}")
+
+    def __add__(self, other: Workload) -> Workload:
+        """Both workloads' requests in arrival order, ties in operand order (`self` first), so request ids
+        are deterministic. Seeds come from `self`: random prompts are drawn afresh for the whole, and prefix
+        group k of both operands is one group (tag each with its tenant to keep their caches apart)."""
+        if not isinstance(other, Workload):
+            return NotImplemented
+        merged = sorted(self.requests + other.requests, key=lambda r: r.arrival_time)  # stable: ties keep order
+        return replace(self, requests=tuple(merged), name=f"{self.name}+{other.name}")
+
     def __len__(self) -> int:
         return len(self.requests)
 
@@ -172,7 +193,7 @@ class Workload:
                 ids = prefix + rng.choices(range(low, vocab_size), k=w.prompt_len - len(prefix))
             out.append(Request(request_id=str(i), prompt_token_ids=ids, max_tokens=w.output_len,
                                arrival_time=w.arrival_time, eos_token_ids=eos_token_ids, ignore_eos=True,
-                               tenant=w.tenant, cache_salt=w.cache_salt))
+                               tenant=w.tenant, cache_salt=w.cache_salt, priority=w.priority))
         return out
 
 
