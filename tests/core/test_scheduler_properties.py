@@ -224,11 +224,12 @@ def test_speculative_steps_roll_back_to_the_accepted_tokens(scenario, k, disable
 @settings(max_examples=200, deadline=None)
 @given(scenarios(), st.data())
 def test_prefill_budgets_bound_every_step_and_every_request_finishes(scenario, data):
-    """The prefill budgets on random workloads: no prefill row exceeds `long_prefill_token_threshold`, no
-    step holds more than `prefill_budget_tokens` prefill tokens or `decode_batch_max_tokens` decode rows, no
-    more than `max_num_partial_prefills` prompts are mid-prefill (scheduled this step or not), and yet
-    everything finishes: a budget delays requests, it never deadlocks them."""
-    config, num_blocks, specs, _, seed = scenario
+    """The prefill budgets on random workloads, under each scheduling policy (random priorities, tenants,
+    weights and a tenant cap): no prefill row exceeds `long_prefill_token_threshold`, no step holds more
+    than `prefill_budget_tokens` prefill tokens or `decode_batch_max_tokens` decode rows, no more than
+    `max_num_partial_prefills` prompts are mid-prefill (scheduled this step or not), and yet everything
+    finishes: a budget or a policy delays requests, it never deadlocks them."""
+    config, num_blocks, specs, abort_at, seed = scenario
     budget = config.max_num_batched_tokens
     prefill_budget = data.draw(st.one_of(st.none(), st.integers(1, budget)))
     config = config.replace(
@@ -236,12 +237,16 @@ def test_prefill_budgets_bound_every_step_and_every_request_finishes(scenario, d
         long_prefill_token_threshold=data.draw(st.one_of(st.none(), st.integers(0, prefill_budget or budget))),
         prefill_budget_tokens=prefill_budget,
         max_num_partial_prefills=data.draw(st.one_of(st.none(), st.integers(1, 3))),
-        decode_batch_max_tokens=data.draw(st.one_of(st.none(), st.integers(1, 3))))
+        decode_batch_max_tokens=data.draw(st.one_of(st.none(), st.integers(1, 3))),
+        scheduling_policy=data.draw(st.sampled_from(["fcfs", "priority", "fair"])))
+    if config.scheduling_policy == "fair":
+        config = config.replace(tenant_weights=data.draw(st.one_of(st.none(), st.just({"a": 0.5, "b": 3}))),
+                                tenant_max_num_seqs=data.draw(st.one_of(st.none(), st.just({"a": 1}))))
     rng = random.Random(seed)
     sched = make_scheduler(config, num_blocks)
     pending = [(arrive, Request(str(i), [rng.randrange(1, 50) for _ in range(prompt_len)], max_tokens,
-                                ignore_eos=True, tenant=tenant))
-               for i, (prompt_len, max_tokens, arrive, _, tenant) in enumerate(specs)]
+                                ignore_eos=True, tenant=tenant, priority=family))
+               for i, (prompt_len, max_tokens, arrive, family, tenant) in enumerate(specs)]
     accepted = []
     for step in range(3000):
         for arrive, req in pending:
@@ -251,6 +256,8 @@ def test_prefill_budgets_bound_every_step_and_every_request_finishes(scenario, d
                     accepted.append(req)
                 except ValueError:
                     pass
+        if step in abort_at and accepted:
+            sched.abort_request(accepted[abort_at[step] % len(accepted)].request_id, now=step)
         out = sched.schedule(now=float(step))
         check_step_invariants(sched, out)
         prefill_rows = {}
@@ -272,5 +279,7 @@ def test_prefill_budgets_bound_every_step_and_every_request_finishes(scenario, d
             break
     else:
         raise AssertionError("the scheduler did not drain its requests in 3000 steps (deadlock or livelock)")
-    assert all(req.status is RequestStatus.FINISHED_LENGTH for req in accepted)
+    assert all(req.status in (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED) for req in accepted)
     assert sched.kv_cache_manager.block_pool.num_free_blocks == num_blocks
+    if config.scheduling_policy == "fair":  # the per-tenant counts the policy keeps came back to zero
+        assert not any(sched.num_running_by_tenant.values()) and not any(sched.num_unfinished_by_tenant.values())
