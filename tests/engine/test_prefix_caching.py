@@ -128,6 +128,7 @@ def test_misses_are_explained(loaded, base):
     ({"prompt_token_ids": [1, 2], "tenant": ""}, "'tenant' must be a non-empty string"),
     ({"prompt_token_ids": [1, 2], "cache_salt": 5}, "'cache_salt' must be a non-empty string"),
     ({"prompt_token_ids": [1, 2], "salt": "x"}, "unknown key(s) ['salt']"),
+    ({"prompt_token_ids": [1, 2], "priority": "high"}, "'priority' must be an integer"),
 ])
 def test_bad_prompt_dicts_are_named(prompt, message, loaded):
     with pytest.raises(ValueError, match=re.escape(message)):
