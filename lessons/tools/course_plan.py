@@ -120,6 +120,7 @@ LESSONS: tuple[PlannedLesson, ...] = (
         exercises=(
             PlannedExercise("E02.1", "estimate", "How many sequences fit in the KV cache?"),
             PlannedExercise("E02.2", "implement", "A block allocator with reference counts"),
+            PlannedExercise("E02.3", "debug", "A forked sequence overwrites its parent's KV"),
         ),
     ),
     PlannedLesson("03-chunked-prefill-and-disaggregation",
