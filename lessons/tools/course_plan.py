@@ -102,6 +102,7 @@ LESSONS: tuple[PlannedLesson, ...] = (
         exercises=(
             PlannedExercise("E01.1", "implement", "One continuous-batching step"),
             PlannedExercise("E01.2", "predict-then-run", "Static vs continuous: count the steps"),
+            PlannedExercise("E01.3", "design", "Size a deployment for a latency target"),
         ),
     ),
     # Lesson 2 sections: kv-cache-size (bytes per token, GQA), reservation-waste (contiguous reservation,
