@@ -144,6 +144,7 @@ LESSONS: tuple[PlannedLesson, ...] = (
         exercises=(
             PlannedExercise("E04.1", "implement", "The hash chain and the lookup"),
             PlannedExercise("E04.2", "estimate", "Hit rate and prefill saved for a shared prefix"),
+            PlannedExercise("E04.3", "debug", "A prompt comes back and misses, though its blocks are cached"),
         ),
     ),
     # Lesson 5 sections: nearly-free (memory-bound decode verifies k + 1 tokens for the price of one),
