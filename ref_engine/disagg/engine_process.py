@@ -97,8 +97,8 @@ class StartFailed:
 @dataclass(frozen=True)
 class RequestFinished:
     output: RequestOutput
-    # consumer only, as time.perf_counter() readings (one clock for every process on this machine)
-    kv_received_at: float = 0.0
+    # consumer only: seconds spent loading the K/V, and when each output token came, as time.perf_counter()
+    # readings (one clock for every process on this machine)
     kv_load_s: float = 0.0
     token_times: tuple[float, ...] = ()
 
@@ -148,8 +148,8 @@ class _EngineLoop:
     def __init__(self, engine: LLMEngine, conn: Connection) -> None:
         self.engine = engine
         self.conn = conn
-        self.staged: deque[tuple[AddRemotePrefilled, float]] = deque()  # (message, received at)
-        self.admitted: dict[str, tuple[Request, float, float]] = {}  # consumer: (request, received at, load s)
+        self.staged: deque[AddRemotePrefilled] = deque()
+        self.admitted: dict[str, tuple[Request, float]] = {}  # consumer: (request, seconds its K/V took to load)
 
     def run(self) -> None:
         engine = self.engine
@@ -176,7 +176,7 @@ class _EngineLoop:
             except ValueError as error:
                 self.conn.send(RequestFailed(message.request_id, str(error)))
         elif isinstance(message, AddRemotePrefilled):
-            self.staged.append((message, time.perf_counter()))
+            self.staged.append(message)
         elif isinstance(message, DiscardKV):
             self.engine.kv_connector.discard(message.kv_transfer_params)
         elif isinstance(message, GetStats):
@@ -188,7 +188,7 @@ class _EngineLoop:
         """Start staged requests in arrival order until one cannot start yet."""
         engine = self.engine
         while self.staged:
-            message, received_at = self.staged[0]
+            message = self.staged[0]
             start = time.perf_counter()
             try:
                 request = engine.add_remote_prefilled_request(message.request_id, message.prompt, message.params,
@@ -201,15 +201,15 @@ class _EngineLoop:
             if request is None:
                 return
             self.staged.popleft()
-            self.admitted[message.request_id] = (request, received_at, time.perf_counter() - start)
+            self.admitted[message.request_id] = (request, time.perf_counter() - start)
 
     def _finished(self, output: RequestOutput) -> RequestFinished:
         admitted = self.admitted.pop(output.request_id, None)
         if admitted is None:
             return RequestFinished(output)
-        request, received_at, load_s = admitted
+        request, load_s = admitted
         to_perf_counter = time.perf_counter() - self.engine.now()  # the engine's clock starts at its _t0
-        return RequestFinished(output, received_at, load_s, tuple(t + to_perf_counter for t in request.token_times))
+        return RequestFinished(output, load_s, tuple(t + to_perf_counter for t in request.token_times))
 
     def stats(self) -> EngineStats:
         pool = self.engine.scheduler.kv_cache_manager.block_pool
@@ -218,7 +218,7 @@ class _EngineLoop:
 
     def discard_staged(self) -> None:
         while self.staged:
-            self.engine.kv_connector.discard(self.staged.popleft()[0].kv_transfer_params)
+            self.engine.kv_connector.discard(self.staged.popleft().kv_transfer_params)
 
 
 # ---- the parent's side ----

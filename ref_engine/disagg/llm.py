@@ -73,6 +73,7 @@ class _InFlight:
     params: SamplingParams
     submitted_at: float
     prefilled: RequestOutput | None = None  # the prefill engine's output, once it came
+    forwarded_at: float = 0.0  # when it went on to the decode engine
     done: bool = False
 
 
@@ -205,6 +206,7 @@ class DisaggregatedLLM:
             run.fail(output.request_id, self.decode.death)
             return
         request.prefilled = output
+        request.forwarded_at = time.perf_counter()
         try:
             self.decode.send(AddRemotePrefilled(output.request_id, _decode_prompt(request.prompt, output),
                                                 request.params, kv))
@@ -220,7 +222,7 @@ class DisaggregatedLLM:
         prefilled = request.prefilled
         kv: KVTransferParams = prefilled.kv_transfer_params
         times = message.token_times
-        transfer_s = message.kv_received_at - kv.saved_at + message.kv_load_s
+        transfer_s = request.forwarded_at - kv.saved_at + message.kv_load_s
         timings = DisaggTimings(
             prefill_s=kv.saved_at - request.submitted_at, transfer_s=transfer_s, transfer_bytes=kv.num_bytes,
             decode_s=times[-1] - kv.saved_at - transfer_s, ttft_s=times[0] - request.submitted_at,

@@ -6,9 +6,10 @@ seconds = latency + bytes / bandwidth over its requests), then simulates the sam
 simulator's `Cluster` with one prefill and one decode replica joined by that link. The rows compare mean
 TTFT and ITL (the simulated row with `*_err_pct`), beside the measured prefill / transfer / decode split.
 
-One caveat the table carries: a measured transfer ends when the decode engine reads the request, which it
-does between steps, so it includes waiting for the step in progress; the simulator charges that wait to
-the decode replica, so the fitted link counts it twice (small while decode steps are short).
+The fitted link is this machine's shared memory plus the router's relay of a small message, so it is fast
+next to a real network; the simulated TTFT then hinges on the step times the profile predicts, which a
+busy machine (other processes on the cores) stretches. Each engine runs one torch thread, so a profile
+calibrated with more threads prices its steps too fast.
 
 Lesson: lessons/03-chunked-prefill-and-disaggregation.md (to come)
 """
