@@ -14,8 +14,15 @@ move, **propose**: after the update, the proposer drafts tokens for the requests
 (`Scheduler.requests_to_speculate`), the next step runs them, and the `RejectionSampler` verifies them in
 place of the sampler (ref_engine/spec_decode.py). A step's time includes its proposing.
 
+With a `kv_transfer_config`, the engine is one half of a disaggregated pair (lesson 3, ref_engine/disagg/):
+a `"kv_producer"` saves each prompt's K/V through its KV connector in the step that computes it, and the
+finished request's output carries the `kv_transfer_params`; a `"kv_consumer"` admits such a request with
+`add_remote_prefilled_request`, loading its K/V into fresh blocks, and decodes it. Without one, nothing
+in the loop changes.
+
 Lesson: lessons/06-architecture-map.md (the engine loop); lessons/01-continuous-batching.md;
-lessons/05-speculative-decoding.md (propose and verify).
+lessons/05-speculative-decoding.md (propose and verify); lessons/03-chunked-prefill-and-disaggregation.md
+(to come: the KV connector's two roles).
 """
 
 from __future__ import annotations
@@ -32,9 +39,12 @@ from ref_engine.core.config import EngineConfig
 from ref_engine.core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
 from ref_engine.core.kv_cache_manager import PrefixCacheExplanation
 from ref_engine.core.kv_sizing import num_kv_blocks
+from ref_engine.core.math_utils import cdiv
 from ref_engine.core.metrics import StepRecord
 from ref_engine.core.request import Request, RequestStatus
 from ref_engine.core.scheduler import make_scheduler
+from ref_engine.kv_transfer.config import KVTransferConfig
+from ref_engine.kv_transfer.connector import KVTransferParams, make_kv_connector
 from ref_engine.model.loader import LoadedModel, load_model
 from ref_engine.outputs import CompletionOutput, RequestOutput
 from ref_engine.runner import ModelRunner
@@ -55,14 +65,16 @@ class _RequestState:
     stop_reason: int | str | None = None
     stop_text_end: int | None = None  # where a stop string cut the text
     draft_probs: torch.Tensor | None = None  # q of the draft tokens the request carries (None: point masses)
+    kv_transfer_params: KVTransferParams | None = None  # a producer's saved KV of the prompt
 
 
 class LLMEngine:
     def __init__(self, model: str | Path | LoadedModel | None = None, *, dtype: str | torch.dtype = "float32",
                  device: str | torch.device | None = None, config: EngineConfig | None = None,
-                 **knobs: Any) -> None:
+                 kv_transfer_config: KVTransferConfig | None = None, **knobs: Any) -> None:
         """`model`: a path, None for the default SmolLM2, or an already `LoadedModel` (so sweeps load the
-        weights once and build one engine per configuration)."""
+        weights once and build one engine per configuration). `kv_transfer_config`: this engine's role in
+        a disaggregated pair, if any."""
         config = config or EngineConfig()
         self.config = config.replace(**knobs) if knobs else config
         if isinstance(model, LoadedModel):
@@ -89,6 +101,8 @@ class LLMEngine:
         self.rejection_sampler = RejectionSampler(self.sampler)
         self.proposer = make_proposer(self.config, loaded, self.sampler, num_kv_blocks=self.num_kv_blocks,
                                       dtype=self.dtype, device=self.device)
+        self.kv_connector = make_kv_connector(kv_transfer_config) if kv_transfer_config else None
+        self._kv_producer = kv_transfer_config is not None and kv_transfer_config.is_kv_producer
         self._states: dict[str, _RequestState] = {}
         self.step_records: list[StepRecord] = []
         self._t0 = time.perf_counter()
@@ -140,8 +154,38 @@ class LLMEngine:
         request.sampling_params = SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True)
         self._enqueue(request, None)
 
+    def add_remote_prefilled_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                                     kv_transfer_params: KVTransferParams) -> Request | None:
+        """Consumer: admit a request that a producer engine prefilled, writing the K/V it saved
+        (`kv_transfer_params`, from the producer's output) into blocks of this engine's own. The next step
+        recomputes only the last prompt token and samples the first output token.
+
+        Returns None, changing nothing, while the request cannot start (busy or short of free blocks: call
+        again after a step); raises ValueError if it never could (refused as by `add_request`), and the
+        connector's error if loading fails (the request's blocks are freed first)."""
+        if self.kv_connector is None or self._kv_producer:
+            raise ValueError("only an engine with kv_transfer_config(kv_role='kv_consumer') loads remote KV")
+        params.validate_for_vocab(self.arch.vocab_size)
+        request, text = self._make_request(request_id, prompt, params)
+        if kv_transfer_params.num_tokens != request.num_prompt_tokens - 1:
+            raise ValueError(f"request {request_id!r}: KV of {kv_transfer_params.num_tokens} tokens arrived for "
+                             f"a prompt of {request.num_prompt_tokens} (expected all but the last)")
+        block_ids = self.scheduler.add_remote_prefilled_request(request, kv_transfer_params.num_tokens, self.now())
+        if block_ids is None:
+            return None
+        try:
+            self.kv_connector.load(kv_transfer_params, self.runner.kv_caches, block_ids)
+        except BaseException:
+            self.scheduler.abort_request(request_id, self.now())
+            raise
+        self._add_state(request, text)
+        return request
+
     def _enqueue(self, request: Request, text: str | None) -> None:
         self.scheduler.add_request(request)
+        self._add_state(request, text)
+
+    def _add_state(self, request: Request, text: str | None) -> None:
         params = request.sampling_params
         self._states[request.request_id] = _RequestState(
             prompt=text,
@@ -166,6 +210,8 @@ class LLMEngine:
         if output.is_empty:
             return []
         model_output = self.runner.execute_model(output)
+        if self._kv_producer:
+            self._save_kv(output)
         sampled = self._sample(output, model_output.request_ids, model_output.logits) if model_output.request_ids else {}
         end = self.now()
         result = StepResult(sampled)
@@ -198,6 +244,18 @@ class LLMEngine:
                 self._record_logprobs(request, row + j, token_id, sample)
             row += scheduled[request.request_id].num_draft_tokens + 1
         return sampled
+
+    def _save_kv(self, output: SchedulerOutput) -> None:
+        """Producer: save the K/V of every prompt this step completed (all but its last token, which the
+        consumer recomputes), now, while its blocks are still the request's: with max_tokens=1 it finishes
+        in this very step and its blocks go back to the pool."""
+        block_size = self.config.block_size
+        for s in output.scheduled:
+            request = self.scheduler.get_request(s.request_id)
+            if s.needs_logits and not request.num_output_tokens:
+                num_tokens = request.num_prompt_tokens - 1
+                self._states[s.request_id].kv_transfer_params = self.kv_connector.save(
+                    s.request_id, self.runner.kv_caches, s.block_ids[:cdiv(num_tokens, block_size)], num_tokens)
 
     def _draft(self, scheduled: ScheduledRequest) -> Draft:
         """The draft a scheduled request verifies (the budget may have cut it short)."""
@@ -338,7 +396,8 @@ class LLMEngine:
         return RequestOutput(request_id=request.request_id, prompt=state.prompt,
                              prompt_token_ids=request.prompt_token_ids, outputs=[completion], finished=True,
                              num_preemptions=request.num_preemptions,
-                             num_cached_tokens=request.num_cached_tokens or 0, prefix_cache=explanation)
+                             num_cached_tokens=request.num_cached_tokens or 0, prefix_cache=explanation,
+                             kv_transfer_params=state.kv_transfer_params)
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:
@@ -361,16 +420,7 @@ class LLM:
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Run every prompt to completion with continuous batching; outputs come back in prompt order."""
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if not prompts:
-            raise ValueError("prompts is empty")
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        prompts, params = as_batch(prompts, sampling_params)
         engine = self.llm_engine
         ids = []
         try:
@@ -389,3 +439,18 @@ class LLM:
                     results[out.request_id] = out
                     bar.update(1)
         return [results[i] for i in ids]
+
+
+def as_batch(prompts: PromptType | list[PromptType], sampling_params: SamplingParams | list[SamplingParams] | None
+             ) -> tuple[list[PromptType], list[SamplingParams]]:
+    """`generate`'s arguments as one list of prompts and one SamplingParams per prompt."""
+    if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    if not prompts:
+        raise ValueError("prompts is empty")
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return list(prompts), [sampling_params or SamplingParams()] * len(prompts)
+    params = list(sampling_params)
+    if len(params) != len(prompts):
+        raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+    return list(prompts), params

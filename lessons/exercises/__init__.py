@@ -1,8 +1,9 @@
 """Serving Lab exercises: your stubs live here, one module per lesson (`eNN_<lesson slug>.py`).
 
 Each exercise `ENN.k` is a function or class that raises `NotImplementedError("ENN.k ...")` until you
-write it; its statement is the docstring (the lesson repeats it under the anchor `#eNN-k`). Check your
-work from the repository root:
+write it; its statement is the docstring (the lesson repeats it under the anchor `#eNN-k`). A *debug*
+exercise is the other way round: its code is written and runs, its docstring starts with "ENN.k (debug)",
+and it has a bug that its tests expose; fix the code in place. Check your work from the repository root:
 
     pytest tests/exercises --impl=learner                 # all exercises, against your code
     pytest tests/exercises --impl=learner -k e01_1        # one exercise

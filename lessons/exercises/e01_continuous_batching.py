@@ -1,12 +1,13 @@
-"""Exercises of lesson 1, "From static to continuous batching": E01.1 and E01.2.
+"""Exercises of lesson 1, "From static to continuous batching": E01.1, E01.2 and E01.3.
 
 Write the bodies below, then check them from the repository root:
 
-    pytest tests/exercises/test_e01_continuous_batching.py --impl=learner          # both exercises
+    pytest tests/exercises/test_e01_continuous_batching.py --impl=learner          # all three exercises
     pytest tests/exercises/test_e01_continuous_batching.py --impl=learner -k e01_1 # one
 
 The tests compare your answers with the engine's own schedulers (ref_engine/core/scheduler.py), run on
-the same inputs. Reference solutions: lessons/exercises/solutions/e01_continuous_batching.py.
+the same inputs; E01.3, a design exercise, serves your plan in the simulator and checks it against its
+targets. Reference solutions: lessons/exercises/solutions/e01_continuous_batching.py.
 
 Lesson: lessons/01-continuous-batching.md#exercises
 """
@@ -14,6 +15,11 @@ Lesson: lessons/01-continuous-batching.md#exercises
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ref_engine.core.metrics import RunMetrics
+    from ref_engine.core.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -108,3 +114,75 @@ def throughput_ratio(output_lens: list[int], batch_size: int) -> float:
     Interview questions: Q-BATCH-01, Q-BATCH-02 (lessons/interview-bank.md#q-batch-01).
     """
     raise NotImplementedError("E01.2: the continuous / static throughput ratio")
+
+
+@dataclass(frozen=True)
+class DeploymentPlan:
+    """What E01.3 returns (given: nothing to write here): how many identical replicas, and the two
+    scheduler knobs of lesson 1's token budget section, the same on every replica."""
+
+    num_replicas: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+@dataclass(frozen=True)
+class DeploymentTarget:
+    """What E01.3 is given (given: nothing to write here): a model on a GPU profile (datasheet numbers, bf16),
+    the traffic, and the latency targets, as p90 values in milliseconds.
+
+    The traffic is `num_requests` requests arriving as a Poisson process at `arrival_rate` requests/s, every
+    prompt `prompt_len` tokens, outputs exponential with mean `mean_output_len` (capped at 4x the mean):
+    `workload()` builds exactly the workload the tests serve. `serve(plan)` runs it through the simulator:
+    `plan.num_replicas` replicas behind a least-loaded router, each with the plan's knobs and chunked
+    prefill (the course's `Cluster`, sim/cluster.py). `met_by(metrics)` says whether a run met the targets.
+    """
+
+    model: str
+    hardware: str
+    arrival_rate: float
+    prompt_len: int
+    mean_output_len: int
+    ttft_p90_ms: float
+    tpot_p90_ms: float
+    num_requests: int = 200
+
+    def workload(self) -> Workload:
+        from ref_engine.core.workload import Exponential, Workload
+
+        return Workload.synthetic(self.num_requests, self.prompt_len,
+                                  Exponential(self.mean_output_len, 4 * self.mean_output_len),
+                                  arrival=self.arrival_rate, seed=0, name="e01-3")
+
+    def serve(self, plan: DeploymentPlan) -> RunMetrics:
+        from ref_engine.core.config import EngineConfig
+        from sim.cluster import Cluster
+
+        config = EngineConfig(max_num_seqs=plan.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens)
+        return Cluster(self.model, self.hardware, config, num_replicas=plan.num_replicas,
+                       router="least_loaded").run(self.workload())
+
+    def met_by(self, metrics: RunMetrics) -> bool:
+        """Every request served, p90 TTFT and p90 TPOT within their targets."""
+        return (metrics.failed == 0 and metrics.completed == self.num_requests
+                and metrics.p90_ttft_ms <= self.ttft_p90_ms and metrics.p90_tpot_ms <= self.tpot_p90_ms)
+
+
+def plan_deployment(target: DeploymentTarget) -> DeploymentPlan:
+    """E01.3 (design): size a deployment that meets a latency target at the lowest cost.
+
+    Choose the number of replicas (the cost), `max_num_seqs` and `max_num_batched_tokens` for
+    `target.model` on `target.hardware` so that the traffic of `target` meets its p90 TTFT and p90 TPOT
+    targets, with as few replicas as you can justify. Work it out before you simulate: what one step costs
+    with a full token budget (`CostModel.step_time` in sim/cost_model.py, or lesson 1's arithmetic), how
+    long a prompt waits for its chunks, how many requests per second one replica can complete, and how much
+    headroom the queue needs (lesson 1, "Load and capacity"). Then check with `target.serve(plan)` and adjust.
+
+    What the tests check: your plan meets both targets on `target.workload()`, and it uses at most one replica
+    more than the reference plan needs. The lesson lists what a reviewer looks for beyond that.
+    Example target: Llama-3.1-8B on an H100, 80 requests/s of 1024-token prompts and 128-token answers (mean),
+    p90 TTFT <= 200 ms and p90 TPOT <= 12 ms.
+
+    Interview questions: Q-METRIC-02, Q-SCHED-01, Q-SIM-01 (lessons/interview-bank.md#q-metric-02).
+    """
+    raise NotImplementedError("E01.3: size the deployment (replicas, max_num_seqs, max_num_batched_tokens)")

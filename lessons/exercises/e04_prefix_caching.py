@@ -1,13 +1,14 @@
-"""Exercises of lesson 4, "Prefix caching": E04.1 and E04.2.
+"""Exercises of lesson 4, "Prefix caching": E04.1, E04.2 and E04.3.
 
 Write the bodies below, then check them from the repository root:
 
-    pytest tests/exercises/test_e04_prefix_caching.py --impl=learner          # both exercises
+    pytest tests/exercises/test_e04_prefix_caching.py --impl=learner          # all three exercises
     pytest tests/exercises/test_e04_prefix_caching.py --impl=learner -k e04_1 # one
 
 The tests check E04.1 against the engine's own hash chain (`extend_block_hashes`) and lookup
 (`KVCacheManager.get_computed_blocks`), on random prompts that share random prefixes, and E04.2 against
 the prefix-cache hits the simulator counts when it serves a shared-prefix workload after a warm-up.
+E04.3 is a debug exercise: its code is written and has a bug, which its tests' traces expose.
 Reference solutions: lessons/exercises/solutions/e04_prefix_caching.py.
 
 Lesson: lessons/04-prefix-caching.md#exercises
@@ -17,7 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ref_engine.core.block_hash import hash_block_tokens  # noqa: F401  (one link of the chain: use it, don't rewrite it)
+from ref_engine.core.block_hash import (
+    extend_block_hashes,
+    hash_block_tokens,  # noqa: F401  (one link of the chain: use it, don't rewrite it)
+)
+from ref_engine.core.block_pool import BlockPool
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, extra_keys: bytes = b"") -> list[bytes]:
@@ -76,3 +81,62 @@ def prefill_tokens_saved(num_requests: int, prefix_len: int, suffix_len: int, bl
     """E04.2 (estimate), part c: prompt tokens `num_requests` such requests do not prefill, compared with
     the same requests served with prefix caching off."""
     raise NotImplementedError("E04.2: prefill tokens saved")
+
+
+class SmallPrefixCache:
+    """E04.3 (debug): a prefix cache whose repeats miss although their blocks are still cached.
+
+    A prefix cache in miniature, on the engine's own `BlockPool` and hash chain: `serve` admits a request,
+    reusing its cached leading blocks; `finish` hands its blocks back to the free queue, where they stay
+    findable until an allocation evicts them, least recently freed first (lesson 4, "Eviction under memory
+    pressure"). No request ever gets a wrong K/V here, and the pool's invariants hold. Yet under memory
+    pressure the hit rate is lower than it should be: `pytest tests/exercises --impl=learner -k e04_3`
+    replays a trace where a prompt comes back after one unrelated request and hits nothing, although most of
+    its blocks are still in the cache, and random traces that end in the same state. Find out why from the
+    traces, fix it here, and keep the method signatures: the tests call them.
+
+    Interview questions: Q-PREFIX-05, Q-PREFIX-03 (lessons/interview-bank.md#q-prefix-05).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.pool = BlockPool(num_blocks)
+        self.block_size = block_size
+        self.tables: dict[str, list[int]] = {}  # running request id -> its block ids, in position order
+
+    def chain(self, token_ids: Sequence[int]) -> list[bytes]:
+        """The hash chain of the full blocks of `token_ids` (the engine's own `extend_block_hashes`)."""
+        hashes: list[bytes] = []
+        extend_block_hashes(hashes, list(token_ids), self.block_size, b"")
+        return hashes
+
+    def serve(self, request_id: str, token_ids: Sequence[int]) -> int:
+        """Admit a request and return how many of its prompt tokens come from the cache.
+
+        Its leading full blocks are looked up along the chain, stopping at the first miss; only the blocks
+        of all tokens but the last are looked up, since the last token must be computed for its logits. Hit
+        blocks are shared (one more reference each); the rest of the prompt gets fresh blocks from the head
+        of the free queue, evicting whatever they cached; every full block is then registered under its hash.
+        Raises RuntimeError, changing nothing, when the pool cannot hold the request."""
+        bs = self.block_size
+        hits: list[int] = []
+        for i, block_hash in enumerate(self.chain(token_ids[:-1])):
+            block = self.pool.get_cached_block(block_hash, tuple(token_ids[i * bs:(i + 1) * bs]))
+            if block is None:
+                break
+            hits.append(block)
+        needed = -(-len(token_ids) // bs) - len(hits)
+        available = self.pool.num_free_blocks - sum(1 for b in hits if self.pool.ref_cnt[b] == 0)
+        if needed > available:
+            raise RuntimeError(f"{needed} blocks needed, {available} free")
+        self.pool.touch(hits)
+        table = hits + self.pool.get_new_blocks(needed)
+        for i, block_hash in enumerate(self.chain(token_ids)):
+            if i >= len(hits):
+                self.pool.cache_block(table[i], block_hash, tuple(token_ids[i * bs:(i + 1) * bs]))
+        self.tables[request_id] = table
+        return len(hits) * bs
+
+    def finish(self, request_id: str) -> None:
+        """The request is done: its blocks go back to the free queue, contents kept, for later hits."""
+        table = self.tables.pop(request_id)
+        self.pool.free_blocks(table)

@@ -363,6 +363,18 @@ def raised_exercise_ids(tree: ast.Module) -> set[str]:
     return ids
 
 
+def stated_exercise_ids(tree: ast.Module) -> set[str]:
+    """Ids "E02.3" that open the docstring of a top-level function or class of a stub. A *debug* exercise
+    states itself this way: its stub holds working but buggy code, which raises nothing."""
+    ids = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            m = re.match(r"^(E\d\d\.\d+)\b", ast.get_docstring(node) or "")
+            if m:
+                ids.add(m.group(1))
+    return ids
+
+
 def _parse(path: Path) -> ast.Module | None:
     try:
         return ast.parse(path.read_text(encoding="utf-8"))
@@ -371,8 +383,9 @@ def _parse(path: Path) -> ast.Module | None:
 
 
 def check_exercises(course: Course) -> list[str]:
-    """Every planned exercise has a stub that raises its id, a test `test_eNN_k_*`, and a solution module;
-    the interview questions a stub names exist."""
+    """Every planned exercise has a stub that raises its id (a debug exercise: a stub function or class whose
+    docstring starts with its id, since its buggy code raises nothing), a test `test_eNN_k_*`, and a solution
+    module; the interview questions a stub names exist."""
     problems = []
     planned = {ex.id for lesson in course.plan for ex in lesson.exercises}
     modules = {lesson.exercise_module for lesson in course.plan if lesson.exercises}
@@ -384,10 +397,15 @@ def check_exercises(course: Course) -> list[str]:
         solution = course.solutions_dir / f"{lesson.exercise_module}.py"
         stub_tree, test_tree = _parse(stub), _parse(test)
         raised = raised_exercise_ids(stub_tree) if stub_tree else set()
+        stated = stated_exercise_ids(stub_tree) if stub_tree else set()
         tests = {n.name for n in ast.walk(test_tree) if isinstance(n, ast.FunctionDef)} if test_tree else set()
         for ex in lesson.exercises:
             if stub_tree is None:
                 problems.append(f"{ex.id}: no stub {course.name(stub)} (or it does not parse)")
+            elif ex.kind == "debug":
+                if ex.id not in stated:
+                    problems.append(f'{ex.id}: the debug stub {course.name(stub)} has no function or class whose '
+                                    f'docstring starts with "{ex.id}"')
             elif ex.id not in raised:
                 problems.append(f'{ex.id}: the stub {course.name(stub)} never raises NotImplementedError("{ex.id} ...")')
             prefix = f"test_{ex.anchor.replace('-', '_')}"

@@ -514,7 +514,8 @@ def updates(course: Course) -> tuple[dict[Path, str], list[str], list[str]]:
 # ---------------------------------------------------------------------------------------------------
 
 def exercise_statements(course: Course, lesson: PlannedLesson) -> dict[str, list[tuple[str, str]]]:
-    """Per exercise id, (name, docstring) of the stub functions and classes that raise it, read with `ast`."""
+    """Per exercise id, (name, docstring) of the stub functions and classes that raise it (or, for a debug
+    exercise, whose docstring starts with "ENN.k (debug)"), read with `ast`."""
     import ast
 
     path = course.exercises_dir / f"{lesson.exercise_module}.py"
@@ -525,6 +526,10 @@ def exercise_statements(course: Course, lesson: PlannedLesson) -> dict[str, list
     out: dict[str, list[tuple[str, str]]] = {}
     for node in tree.body:
         if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            continue
+        stated = re.match(r"^(E\d\d\.\d+) \(debug\)", ast.get_docstring(node) or "")
+        if stated:  # a debug exercise: buggy code that raises nothing, stated by its docstring
+            out.setdefault(stated.group(1), []).append((node.name, ast.get_docstring(node) or ""))
             continue
         for sub in ast.walk(node):
             if isinstance(sub, ast.Raise) and isinstance(sub.exc, ast.Call) and sub.exc.args \

@@ -102,6 +102,7 @@ LESSONS: tuple[PlannedLesson, ...] = (
         exercises=(
             PlannedExercise("E01.1", "implement", "One continuous-batching step"),
             PlannedExercise("E01.2", "predict-then-run", "Static vs continuous: count the steps"),
+            PlannedExercise("E01.3", "design", "Size a deployment for a latency target"),
         ),
     ),
     # Lesson 2 sections: kv-cache-size (bytes per token, GQA), reservation-waste (contiguous reservation,
@@ -120,6 +121,7 @@ LESSONS: tuple[PlannedLesson, ...] = (
         exercises=(
             PlannedExercise("E02.1", "estimate", "How many sequences fit in the KV cache?"),
             PlannedExercise("E02.2", "implement", "A block allocator with reference counts"),
+            PlannedExercise("E02.3", "debug", "A forked sequence overwrites its parent's KV"),
         ),
     ),
     PlannedLesson("03-chunked-prefill-and-disaggregation",
@@ -142,6 +144,7 @@ LESSONS: tuple[PlannedLesson, ...] = (
         exercises=(
             PlannedExercise("E04.1", "implement", "The hash chain and the lookup"),
             PlannedExercise("E04.2", "estimate", "Hit rate and prefill saved for a shared prefix"),
+            PlannedExercise("E04.3", "debug", "A prompt comes back and misses, though its blocks are cached"),
         ),
     ),
     # Lesson 5 sections: nearly-free (memory-bound decode verifies k + 1 tokens for the price of one),

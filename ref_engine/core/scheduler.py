@@ -136,6 +136,30 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
 
+    def add_remote_prefilled_request(self, request: Request, num_external_tokens: int,
+                                     now: float) -> list[int] | None:
+        """Admit, straight to running, a request whose first `num_external_tokens` tokens were prefilled by
+        another engine: their K/V arrives through a KV connector (disaggregated prefill, lesson 3), so they
+        count as computed, and the next step runs only the rest (the last prompt token, whose logits sample
+        the first output token). Returns the request's block table, for the caller to fill with the received
+        K/V before that step; or None, changing nothing, while it cannot run yet (requests are waiting,
+        `max_num_seqs` run, or too few blocks are free): try again after a step. Holding blocks only once
+        running means no waiting request ever sits on blocks the running ones need. A request that could
+        never run raises ValueError, as in `add_request`."""
+        can_admit = not self.waiting and len(self.running) < self.config.max_num_seqs
+        self.add_request(request)  # validates and caps max_tokens
+        self.waiting.remove_request(request)
+        if not (0 <= num_external_tokens < request.num_prompt_tokens):
+            del self.requests[request.request_id]
+            raise ValueError(f"request {request.request_id!r}: {num_external_tokens} external tokens for a "
+                             f"prompt of {request.num_prompt_tokens} (at most all but the last)")
+        if not can_admit or self.kv_cache_manager.allocate_slots(request, request.num_prompt_tokens) is None:
+            del self.requests[request.request_id]
+            return None
+        request.num_computed_tokens = num_external_tokens
+        self.admit(request, now)
+        return self.kv_cache_manager.get_block_ids(request.request_id)
+
     def get_request(self, request_id: str) -> Request | None:
         """The unfinished request with this id, or None."""
         return self.requests.get(request_id)

@@ -13,6 +13,7 @@ One module per lesson, on top of what they share:
     common.py        Sides, run_pair, rows, policy checks, drift checks, tables
     batching.py      lesson 1: the cost of a step, static vs continuous batching, load and capacity
     paged.py         lesson 2: KV arithmetic, allocators, block size, preemption by recompute or swap
+    disaggregation.py  lesson 3: prefill/decode disaggregation, a real 1P+1D pair vs the simulated cluster
     prefix.py        lesson 4: prefix caching
     speculation.py   lesson 5: speculative decoding
 Notebooks import the package (`import serving_lab.experiments as ex`); everything public is re-exported here.
@@ -41,6 +42,7 @@ from serving_lab.experiments.common import (
     run_pair,
     same_policy,
 )
+from serving_lab.experiments.disaggregation import KVLink, disaggregation_vs_simulated
 from serving_lab.experiments.paged import (
     ALLOCATION_MODES,
     KV_MODELS,
@@ -114,6 +116,8 @@ __all__ = [
     "preemption_modes",
     "pool_squeeze",
     "preemption_cost",
+    "KVLink",
+    "disaggregation_vs_simulated",
     "shared_prefix_ttft",
     "hit_rate_sweep",
     "eviction_sweep",

@@ -384,3 +384,26 @@ def test_code_link_to_missing_file_fails(mini_course):
     course = mini_course.course()
     assert_fails(cc.check_links, course, "no such file pkg/gone.py")
     assert cc.check_code_symbols(course) == [], "a missing file is reported once, by check_links"
+
+
+def _as_debug(course):
+    """The fixture course with its one exercise made a debug exercise."""
+    from course_plan import PlannedExercise
+
+    alpha = course.lesson("01-alpha")
+    broken = dataclasses.replace(alpha, exercises=(PlannedExercise("E01.1", "debug", "Fix the thing"),))
+    course.plan = tuple(broken if lesson is alpha else lesson for lesson in course.plan)
+    return course
+
+
+def test_debug_stub_stated_by_its_docstring_passes(mini_course):
+    """A debug stub is buggy code that raises nothing; its docstring, starting with the id, states it."""
+    mini_course.edit("lessons/exercises/e01_alpha.py", '    raise NotImplementedError("E01.1: do the thing")',
+                     '    """E01.1 (debug): this returns the wrong thing; find out why."""\n    return x + 1')
+    assert cc.check_exercises(_as_debug(mini_course.course())) == []
+
+
+def test_debug_stub_without_its_statement_fails(mini_course):
+    mini_course.edit("lessons/exercises/e01_alpha.py", '    raise NotImplementedError("E01.1: do the thing")',
+                     "    return x + 1")
+    assert_fails(cc.check_exercises, _as_debug(mini_course.course()), 'has no function or class whose docstring starts with "E01.1"')

@@ -2,16 +2,20 @@
 
 E01.1 is compared with the engine's own `Scheduler` on hand-worked cases and on random ones (hypothesis).
 E01.2 is compared with step counts from the engine's `Scheduler` and `StaticScheduler`, driven by a fake
-executor that "samples" one token per request that needs one: no model, no clock, no torch.
+executor that "samples" one token per request that needs one: no model, no clock, no torch. E01.3 (design)
+serves your plan in the simulator (datasheet GPU profiles, 200 requests, deterministic): it must meet the
+targets and use at most one replica more than the reference plan.
 """
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lessons.exercises.e01_continuous_batching import ToyRequest
+from lessons.exercises.e01_continuous_batching import DeploymentPlan, DeploymentTarget, ToyRequest
 from lessons.exercises.solutions import e01_continuous_batching as engine  # wraps ref_engine's Scheduler
 from ref_engine.core import EngineConfig, Request, StepResult, make_scheduler
 
@@ -136,3 +140,35 @@ def test_e01_2_matches_the_engine_schedulers(impl, output_lens, batch_size):
     assert mine[0] == static, "static steps"
     assert mine[1] == continuous, "continuous steps"
     assert mine[2] == pytest.approx(static / continuous), "throughput ratio"
+
+
+# ---- E01.3 -------------------------------------------------------------------------------------------
+
+TARGETS = [
+    # the statement's example: an H100 serving 80 requests/s of long prompts under a tight TPOT
+    DeploymentTarget("llama-3.1-8b", "h100-sxm", arrival_rate=80, prompt_len=1024, mean_output_len=128,
+                     ttft_p90_ms=200, tpot_p90_ms=12),
+    # a slower GPU and 2048-token prompts: prefill dominates, and several replicas are needed
+    DeploymentTarget("llama-3.1-8b", "a100-80gb-sxm", arrival_rate=40, prompt_len=2048, mean_output_len=128,
+                     ttft_p90_ms=500, tpot_p90_ms=30),
+]
+
+
+@functools.cache
+def reference_plan(target: DeploymentTarget) -> DeploymentPlan:
+    return engine.plan_deployment(target)
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=["h100-80rps", "a100-40rps-long-prompts"])
+def test_e01_3_meets_the_targets_without_waste(impl, target):
+    plan = impl.plan_deployment(target) if impl is not engine else reference_plan(target)  # yours first
+    assert isinstance(plan.num_replicas, int) and plan.num_replicas >= 1, plan
+    metrics = target.serve(plan)
+    assert target.met_by(metrics), (
+        f"{plan} misses the targets: p90 TTFT {metrics.p90_ttft_ms:.0f} ms (target {target.ttft_p90_ms}), "
+        f"p90 TPOT {metrics.p90_tpot_ms:.1f} ms (target {target.tpot_p90_ms}), {metrics.completed} of "
+        f"{target.num_requests} served")
+    best = reference_plan(target)
+    assert plan.num_replicas <= best.num_replicas + 1, (
+        f"{plan.num_replicas} replicas where the reference needs {best.num_replicas} ({best}): "
+        "more than one replica to spare")

@@ -3,7 +3,10 @@
 E04.1 is checked against the engine's own code: the hash chain of `extend_block_hashes`, and the tokens
 `KVCacheManager.get_computed_blocks` serves to a new request after earlier prompts (random, sharing random
 prefixes) were computed and cached. E04.2 is checked against the prefix-cache hits the simulator counts
-when it serves a shared-prefix workload after a warm-up round.
+when it serves a shared-prefix workload after a warm-up round. E04.3 (debug) replays traces through your
+`SmallPrefixCache`: a prompt that comes back after one unrelated request must hit the blocks the pool still
+holds, and no cached block may sit behind a missing predecessor in its chain, where no lookup can reach it.
+The committed stub fails them; the fix passes.
 """
 
 from __future__ import annotations
@@ -143,3 +146,80 @@ def test_e04_2_matches_the_simulator(impl, prefix_len, suffix_len, block_size, n
 def test_e04_2_matches_hit_rate_sweep(impl):
     for row in hit_rate_sweep([8, 16, 31, 40, 100, 300], [8, 16, 32], suffix_len=50):
         assert impl.prefix_cache_hit_rate(row["prefix_len"], 50, row["block_size"]) == pytest.approx(row["hit_rate"])
+
+
+# ---- E04.3 -------------------------------------------------------------------------------------------
+
+class Trace:
+    """Drives a SmallPrefixCache and remembers what it did, so that a failure can print the whole story."""
+
+    def __init__(self, impl, num_blocks: int, block_size: int) -> None:
+        self.cache = impl.SmallPrefixCache(num_blocks, block_size)
+        self.prompts: dict[str, list[int]] = {}  # every prompt ever served, by request id
+        self.lines: list[str] = []
+
+    def serve(self, rid: str, tokens: list[int]) -> int:
+        hits = self.cache.serve(rid, tokens)
+        self.prompts[rid] = tokens
+        self.lines.append(f"serve({rid!r}, {len(tokens)} tokens) -> {hits} cached, table {self.cache.tables[rid]}")
+        return hits
+
+    def finish(self, rid: str) -> None:
+        self.cache.finish(rid)
+        self.lines.append(f"finish({rid!r}) -> free queue, oldest first: {list(self.cache.pool._free)}")
+
+    def story(self) -> str:
+        return "\n  " + "\n  ".join(self.lines)
+
+    def cached_blocks(self, tokens: list[int]) -> list[bool]:
+        """For each full block of `tokens`: is its content still cached somewhere in the pool?"""
+        bs = self.cache.block_size
+        return [self.cache.pool.get_cached_block(h, tuple(tokens[i * bs:(i + 1) * bs])) is not None
+                for i, h in enumerate(self.cache.chain(tokens))]
+
+    def check_nothing_stranded(self) -> None:
+        """A cached block whose predecessor in the chain is gone can never be hit again: it only takes room."""
+        for rid, tokens in self.prompts.items():
+            cached = self.cached_blocks(tokens)
+            for i in range(1, len(cached)):
+                assert not cached[i] or cached[i - 1], (
+                    f"after{self.story()}\nblock {i} of {rid!r}'s prompt is still cached but block {i - 1} is "
+                    f"not (cached: {cached}): no lookup can reach it any more")
+        self.cache.pool.check_invariants()
+
+
+def test_e04_3_the_failing_trace(impl):
+    """A 16-token prompt (4 blocks of 4), one unrelated 12-token request, then the first prompt again."""
+    t = Trace(impl, num_blocks=6, block_size=4)
+    a, x = list(range(1, 17)), list(range(101, 113))
+    assert t.serve("a", a) == 0
+    t.finish("a")
+    t.serve("x", x)  # needs 3 blocks: two never used, then one that held part of a's prompt
+    t.finish("x")
+    before = t.cached_blocks(a)  # which of a's four blocks the pool still holds
+    hits = t.serve("a-again", a)
+    assert hits == 12, (f"a's prompt came back and got {hits} tokens from the cache, although 3 of its 4 blocks "
+                        f"were still cached just before (block by block: {before}):{t.story()}")
+
+
+SHARED = [list(range(1000 * g, 1000 * g + 16)) for g in range(3)]  # three 16-token system prompts
+
+
+@FEW
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 2), st.integers(0, 9)), min_size=1, max_size=25))
+def test_e04_3_random_traces_strand_no_block(impl, ops):
+    """Requests made of one of three shared prefixes plus a few tokens of their own arrive and finish in a
+    random order, in a pool too small for all of them; a request the pool cannot hold now is skipped."""
+    t = Trace(impl, num_blocks=12, block_size=4)
+    running: list[str] = []
+    for n, (arrive, group, extra) in enumerate(ops):
+        if arrive or not running:
+            tokens = SHARED[group] + [5000 + 10 * n + j for j in range(extra)]
+            try:
+                t.serve(f"r{n}", tokens)
+            except RuntimeError:
+                continue
+            running.append(f"r{n}")
+        else:
+            t.finish(running.pop(extra % len(running)))
+        t.check_nothing_stranded()

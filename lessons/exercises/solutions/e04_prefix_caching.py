@@ -1,9 +1,10 @@
-"""Reference solutions of lesson 4's exercises (E04.1, E04.2). Try them yourself first.
+"""Reference solutions of lesson 4's exercises (E04.1, E04.2, E04.3). Try them yourself first.
 
 E04.1 is what `extend_block_hashes` (ref_engine/core/block_hash.py) and
 `KVCacheManager.get_computed_blocks` (ref_engine/core/kv_cache_manager.py) do, without the block pool:
 the cache is a plain dict from hash to the block's tokens. E04.2 is the whole-block arithmetic the
 simulator's hits follow (`hit_rate_sweep` in serving_lab/experiments/prefix.py prints the same formula).
+E04.3 is the stub's code with its bug fixed.
 
 Lesson: lessons/04-prefix-caching.md#exercises
 """
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ref_engine.core.block_hash import hash_block_tokens
+from ref_engine.core.block_hash import extend_block_hashes, hash_block_tokens
+from ref_engine.core.block_pool import BlockPool
 
-__all__ = ["block_hashes", "cached_tokens_per_request", "num_cached_tokens", "prefill_tokens_saved",
-           "prefix_cache_hit_rate"]
+__all__ = ["SmallPrefixCache", "block_hashes", "cached_tokens_per_request", "num_cached_tokens",
+           "prefill_tokens_saved", "prefix_cache_hit_rate"]
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, extra_keys: bytes = b"") -> list[bytes]:
@@ -53,3 +55,54 @@ def prefix_cache_hit_rate(prefix_len: int, suffix_len: int, block_size: int) -> 
 def prefill_tokens_saved(num_requests: int, prefix_len: int, suffix_len: int, block_size: int) -> int:
     """E04.2c: every request skips its cached tokens."""
     return num_requests * cached_tokens_per_request(prefix_len, suffix_len, block_size)
+
+
+class SmallPrefixCache:
+    """E04.3 (debug), fixed: `finish` must free a request's blocks last block first. The free queue evicts in
+    the order blocks were freed, and a chain is only as long as its first missing block: freed head first, a
+    prefix loses its head to the next allocation while its tail stays cached, unreachable, and takes room
+    from blocks that could still hit. Freed tail first, eviction eats prefixes from the end, which more
+    requests share least (`KVCacheManager.free` does this, as vLLM does)."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.pool = BlockPool(num_blocks)
+        self.block_size = block_size
+        self.tables: dict[str, list[int]] = {}  # running request id -> its block ids, in position order
+
+    def chain(self, token_ids: Sequence[int]) -> list[bytes]:
+        """The hash chain of the full blocks of `token_ids` (the engine's own `extend_block_hashes`)."""
+        hashes: list[bytes] = []
+        extend_block_hashes(hashes, list(token_ids), self.block_size, b"")
+        return hashes
+
+    def serve(self, request_id: str, token_ids: Sequence[int]) -> int:
+        """Admit a request and return how many of its prompt tokens come from the cache.
+
+        Its leading full blocks are looked up along the chain, stopping at the first miss; only the blocks
+        of all tokens but the last are looked up, since the last token must be computed for its logits. Hit
+        blocks are shared (one more reference each); the rest of the prompt gets fresh blocks from the head
+        of the free queue, evicting whatever they cached; every full block is then registered under its hash.
+        Raises RuntimeError, changing nothing, when the pool cannot hold the request."""
+        bs = self.block_size
+        hits: list[int] = []
+        for i, block_hash in enumerate(self.chain(token_ids[:-1])):
+            block = self.pool.get_cached_block(block_hash, tuple(token_ids[i * bs:(i + 1) * bs]))
+            if block is None:
+                break
+            hits.append(block)
+        needed = -(-len(token_ids) // bs) - len(hits)
+        available = self.pool.num_free_blocks - sum(1 for b in hits if self.pool.ref_cnt[b] == 0)
+        if needed > available:
+            raise RuntimeError(f"{needed} blocks needed, {available} free")
+        self.pool.touch(hits)
+        table = hits + self.pool.get_new_blocks(needed)
+        for i, block_hash in enumerate(self.chain(token_ids)):
+            if i >= len(hits):
+                self.pool.cache_block(table[i], block_hash, tuple(token_ids[i * bs:(i + 1) * bs]))
+        self.tables[request_id] = table
+        return len(hits) * bs
+
+    def finish(self, request_id: str) -> None:
+        """The request is done: its blocks go back to the free queue, contents kept, for later hits."""
+        table = self.tables.pop(request_id)
+        self.pool.free_blocks(table[::-1])  # last block first: tails are evicted before heads

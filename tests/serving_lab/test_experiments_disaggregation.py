@@ -1,0 +1,35 @@
+"""Lesson 3's experiment (serving_lab/experiments/disaggregation.py): the KV link fit, and one small run of
+a real 1P+1D pair (a tiny random model) beside the simulated cluster. No timing asserts beyond sanity: the
+numbers are this machine's."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ref_engine.core import EngineConfig
+from ref_engine.model.loader import load_model
+from serving_lab.experiments import KVLink, Sides, disaggregation_vs_simulated
+
+
+def test_kv_link_fit_recovers_latency_and_bandwidth():
+    link = KVLink.fit([1000, 3000, 5000], [0.002 + b / 1e6 for b in (1000, 3000, 5000)])
+    assert link.bandwidth == pytest.approx(1e6) and link.latency_s == pytest.approx(0.002)
+    flat = KVLink.fit([1000, 1000], [0.01, 0.03])  # one size: all time goes to bandwidth
+    assert flat.bandwidth == pytest.approx(2000 / 0.04) and flat.latency_s == 0.0
+
+
+def test_measured_pair_beside_the_simulated_cluster(make_tiny_hf_model):
+    tiny = make_tiny_hf_model("llama", name="disagg-experiment")
+    arch = load_model(tiny, dtype="float32", device="cpu").arch
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (20, 45, 70, 90)]
+    measured, simulated = disaggregation_vs_simulated(
+        prompts, Sides(arch=arch, hardware="local-cpu"), model=tiny, output_len=6,
+        config=EngineConfig(num_kv_blocks=64))
+    assert measured["side"] == "measured" and simulated["side"] == "simulated"
+    assert measured["kv_link_gb_per_s"] > 0 and measured["transfer_bytes"] > 0
+    for key in ("mean_ttft_ms", "mean_itl_ms"):
+        assert measured[key] > 0 and simulated[key] > 0 and math.isfinite(simulated[f"{key}_err_pct"])
