@@ -154,6 +154,18 @@ class FairScheduler(Scheduler):
             self._forget(request, was_running)
         return request
 
+    def add_remote_prefilled_request(self, request: Request, num_external_tokens: int,
+                                     now: float) -> list[int] | None:
+        """As the base (admitted and charged like any request); one it refuses or rejects leaves the
+        tenant's count of unfinished requests as it was."""
+        tenant = request.tenant_key
+        before = self.num_unfinished_by_tenant[tenant]
+        try:
+            return super().add_remote_prefilled_request(request, num_external_tokens, now)
+        finally:
+            if self.requests.get(request.request_id) is not request:
+                self.num_unfinished_by_tenant[tenant] = before
+
     def _charge(self, request: Request, num_tokens: int) -> None:
         tenant = request.tenant_key
         self.virtual_counters[tenant] += num_tokens / self.tenant_weights.get(tenant, 1.0)

@@ -151,6 +151,22 @@ def test_preemption_under_fair_takes_the_most_served_tenant():
     assert a[0].num_preemptions >= 1 and b[0].num_preemptions == 0  # a's longer prompt was charged
 
 
+def test_a_remote_prefilled_request_is_counted_only_once_admitted():
+    config = EngineConfig(max_num_seqs=1, max_num_batched_tokens=64, scheduling_policy="fair")
+    sched = make_scheduler(config.for_model(512), 64)
+    sched.add_request(req("a0", 8, 2, tenant="a"))
+    sched.update_from_output(out := sched.schedule(0.0), StepResult({s.request_id: [7] for s in out.scheduled}), 0.0)
+    assert sched.add_remote_prefilled_request(req("b0", 8, 2, tenant="b"), 7, now=1.0) is None  # no seat
+    assert sched.num_unfinished_by_tenant["b"] == 0
+    with pytest.raises(ValueError):
+        sched.add_remote_prefilled_request(req("b1", 8, 2, tenant="b"), 8, now=1.0)  # all 8 tokens: too many
+    assert sched.num_unfinished_by_tenant["b"] == 0
+    sched.update_from_output(out := sched.schedule(1.0), StepResult({s.request_id: [7] for s in out.scheduled}), 1.0)
+    assert sched.add_remote_prefilled_request(req("b2", 8, 2, tenant="b"), 7, now=2.0) is not None
+    assert (sched.num_unfinished_by_tenant["b"], sched.num_running_by_tenant["b"]) == (1, 1)
+    assert sched.virtual_counters["b"] == sched.virtual_counters["a"] + 1  # lifted, then charged one token
+
+
 # ---- knobs ----
 
 @pytest.mark.parametrize(("knobs", "named"), [
