@@ -146,7 +146,9 @@ class Scheduler:
         `max_num_seqs` run, or too few blocks are free): try again after a step. Holding blocks only once
         running means no waiting request ever sits on blocks the running ones need. A request that could
         never run raises ValueError, as in `add_request`."""
-        can_admit = not self.waiting and len(self.running) < self.config.max_num_seqs
+        # len(), not truth: a fair queue is falsy while all its backlogged tenants are at their caps, and
+        # a remote request must not overtake them
+        can_admit = len(self.waiting) == 0 and len(self.running) < self.config.max_num_seqs
         self.add_request(request)  # validates and caps max_tokens
         self.waiting.remove_request(request)
         if not (0 <= num_external_tokens < request.num_prompt_tokens):
