@@ -45,7 +45,7 @@ from ref_engine.core.metrics import RunMetrics
 from ref_engine.core.scheduler import make_scheduler
 from ref_engine.core.workload import Workload
 from ref_engine.model.arch_config import DEFAULT_MODEL_NAME, ArchConfig
-from sim.cost_model import CostModel, model_weight_bytes
+from sim.cost_model import CostModel, activation_dtype, model_weight_bytes
 from sim.executor import CostModelTimer, SimulatedExecutor, StepTimer, feed_arrivals
 from sim.hardware import DEFAULT_CPU_PROFILE, HardwareProfile, dtype_bytes, load_calibrated_profile
 from sim.pipeline import PipelineCostModel
@@ -82,7 +82,7 @@ def num_kv_blocks_for(arch: ArchConfig, hardware: HardwareProfile, config: Engin
     device memory from the profile (none on a CPU profile, as on a real CPU) and the weights from the dims
     (`model_weight_bytes`). A device of a pipeline stage holds ceil(L / pp) layers' KV and 1 / (tp x pp) of
     the weights."""
-    b = dtype_bytes(dtype)
+    activation_bytes = dtype_bytes(activation_dtype(dtype, hardware))
     on_cpu = hardware.provenance.get("device_type") == "cpu"
     full_block = arch.kv_bytes_per_block(config.block_size, dtype_bytes(kv_cache_dtype or dtype), tensor_parallel_size)
     stage_layers = -(-arch.num_layers // pipeline_parallel_size)
@@ -90,7 +90,8 @@ def num_kv_blocks_for(arch: ArchConfig, hardware: HardwareProfile, config: Engin
         config, full_block // arch.num_layers * stage_layers,
         device_memory=None if on_cpu else hardware.memory_bytes,
         weight_bytes=model_weight_bytes(arch, dtype, hardware) / (tensor_parallel_size * pipeline_parallel_size),
-        activation_bytes=arch.peak_activation_bytes(config.max_num_batched_tokens, config.max_num_seqs, b),
+        activation_bytes=arch.peak_activation_bytes(config.max_num_batched_tokens, config.max_num_seqs,
+                                                    activation_bytes),
         model=arch.name)
 
 
