@@ -334,8 +334,8 @@ def _json_entry(terms: dict[str, float], rows: list[Prepared], borrowed: list[st
         if key in terms:
             entry[key] = round(terms[key], 4)
     for key in ("step_overhead_s", "per_seq_overhead_s", "interconnect_latency_s", "frontend_latency_s"):
-        if key in terms:
-            entry[key] = float(f"{terms[key]:.4g}")
+        if key in terms:  # a term the fit drove to its zero bound is stored as 0, not as 1e-29
+            entry[key] = float(f"{terms[key]:.4g}") if terms[key] >= 1e-9 else 0.0
     entry["provenance"] = {
         "fit": "benchmarks/published.py --fit: scipy least_squares on log(simulated / published)",
         "rows_in_fit": [p.simulated.row.id for p in rows if p.simulated.row.fit],
