@@ -10,7 +10,10 @@ tokens already in the KV cache before this step. A prefill chunk, a decode token
 verification are all just pairs (q, c).
 
 Notation (per step): L layers, H hidden size, nh attention heads, d head_dim, V vocabulary,
-P = L * params_per_layer (weights of the decoder layers), b bytes per weight element, b_kv bytes per KV
+P = L * params_per_layer (weights of the decoder layers), b bytes per weight element of the linear layers,
+a bytes per activation element (b, except 2 when the linear layers are 8-bit: FP8 checkpoints quantize only
+the linear layers' weights and inputs and keep embeddings, lm_head, norms and activations in 16 bits,
+per NVIDIA's ModelOpt FP8 model cards), b_kv bytes per KV
 element, kv = ArchConfig.kv_bytes_per_token(b_kv) = 2 * L * n_kv_heads * d * b_kv bytes, requests
 i = 1..N with q_i new tokens and c_i context tokens, T = sum q_i tokens, R rows that need logits
 (default N: one per request; a speculative verify needs k + 1), tp = tensor-parallel degree.
@@ -27,22 +30,24 @@ FLOPs (multiply-add = 2 FLOPs)
                       has q * c + q * (q + 1) / 2 pairs.
 
 Bytes moved through memory (read once per step; caches and fusion are ignored)
-    weight_bytes     = (P + H) * b  +  V * H * b  [if R > 0]  +  T * H * b
+    weight_bytes     = P * b + H * a  +  V * H * a  [if R > 0]  +  T * H * a
                        all layer weights and the final norm, the whole lm_head matrix when any row needs
                        logits, and of the embedding table ONLY the T gathered rows (a lookup is not a
                        matmul; reading the whole table would wrongly price a 1 GB read into every step).
     kv_read_bytes    = kv * sum_i (c_i + q_i)      attention reads the whole context, new tokens included
     kv_write_bytes   = kv * T                      the new tokens' K and V are written once
-    activation_bytes = L * T * (4H + 2*nh*d + 2*n_kv_heads*d + 3*I) * b  +  R * V * b
+    activation_bytes = L * T * (4H + 2*nh*d + 2*n_kv_heads*d + 3*I) * a  +  R * V * a
                        each linear layer reads its input rows and writes its output rows once (qkv, o,
                        gate_up, down); elementwise ops are assumed fused. Small on a GPU at decode, large
                        on a CPU at big batches.
 
 Time (seconds)
-    compute_s  = (linear_flops + attention_flops / attention_efficiency) / (peak_flops[dtype] * tp)
-                 attention kernels rarely run at matmul speed (masks, softmax, gathers); a profile's
-                 attention_efficiency says how close they get (1.0 on datasheets; fitted by calibration)
-    memory_s   = (weight + kv_read + kv_write + activation bytes) / (memory_bandwidth * tp)
+    compute_s  = linear_flops / (peak_flops[dtype] * matmul_efficiency[dtype] * tp)
+                 + attention_flops / (peak_flops[attention dtype] * attention_efficiency * tp)
+                 the attention dtype is the activations' (bf16 under FP8 weights: FP8 halves the linear
+                 layers' time, not attention's); attention kernels rarely run at matmul speed (masks,
+                 softmax, gathers); the efficiencies are fitted (sim/hardware.py)
+    memory_s   = (weight + kv_read + kv_write + activation bytes) / (memory_bandwidth * bandwidth_efficiency * tp)
     overhead_s = step_overhead_s + per_seq_overhead_s * N + per_token_overhead_s * T
                  + per_block_overhead_s * blocks,    blocks = sum_i ceil((c_i + q_i) / block_size)
                  (or BatchShape.num_blocks_touched when the caller knows it)
@@ -50,16 +55,19 @@ Time (seconds)
                  a step's first tokens cost extra where matrix products with few rows run far below peak
                  (a CPU): with s_8, s_32 >= 0, time stays linear in T past 32 tokens but is steeper below,
                  the concave decode curve a CPU shows (45 ms at batch 1, 95 at 8, 175 at 64 here)
-    comm_s     = 0 if tp == 1, else 2 * L all-reduces (after attention and after the MLP) of T * H * b bytes,
-                 each costing interconnect_latency_s + 2 * (tp - 1) / tp * (T * H * b) / interconnect_bandwidth
+    comm_s     = 0 if tp == 1, else 2 * L all-reduces (after attention and after the MLP) of T * H * a bytes,
+                 each costing interconnect_latency_s + 2 * (tp - 1) / tp * (T * H * a)
+                 / (interconnect_bandwidth * interconnect_efficiency)
                  (a ring all-reduce sends and receives 2 (tp - 1) / tp of the buffer per device)
     total_s    = combine(compute_s, memory_s) + comm_s + overhead_s
 
 `combine="max"` (the default of datasheet profiles; `HardwareProfile.combine` sets it) is the roofline: a GPU overlaps arithmetic with memory traffic, so the slower
 of the two bounds the step, and `bound` says which. `combine="sum"` adds them: on a CPU the same cores do
 both and overlap is poor, and a sum is linear in the unknowns 1/FLOPs, 1/bandwidth and the overheads, so
-a calibrator can fit it by least squares (see `CostModel.roofline_features`). The model applies no
-efficiency factor: datasheet profiles give optimistic times (see sim/hardware.py, `derated`).
+a calibrator can fit it by least squares (see `CostModel.roofline_features`; calibrated profiles keep every
+efficiency at 1.0).
+
+Pipeline parallelism is sim/pipeline.py, on top of this model.
 
 Tensor parallelism divides FLOPs and bytes evenly by tp (weights, heads and KV are sharded). Caveats, kept
 out for simplicity: activations of width H are replicated rather than split, KV heads are replicated when
@@ -202,6 +210,22 @@ ROOFLINE_UNKNOWNS = ("step_overhead_s", "per_seq_overhead_s", "per_token_overhea
                      "seconds_per_attention_flop", "seconds_per_byte")
 
 
+def activation_dtype(dtype: str, hardware: HardwareProfile) -> str:
+    """The dtype of activations, embeddings, lm_head and attention when the linear layers run in `dtype`:
+    `dtype` itself, except a 16-bit one (the profile's bfloat16, else float16) under 8-bit weights."""
+    if dtype_bytes(dtype) >= 2:
+        return dtype
+    return next((d for d in ("bfloat16", "float16") if d in hardware.peak_flops), dtype)
+
+
+def model_weight_bytes(arch: ArchConfig, dtype: str, hardware: HardwareProfile) -> int:
+    """Bytes of all weights: the decoder layers' in `dtype`, embeddings, lm_head and norms in the activation
+    dtype (`activation_dtype`): an FP8 checkpoint keeps those in 16 bits."""
+    b, a = dtype_bytes(dtype), dtype_bytes(activation_dtype(dtype, hardware))
+    high_precision = arch.num_params - arch.num_layers * arch.params_per_layer
+    return arch.num_layers * arch.params_per_layer * b + high_precision * a
+
+
 class CostModel:
     """Step time of `arch` on `hardware` (see the module docstring for every formula).
 
@@ -230,6 +254,8 @@ class CostModel:
         self.combine = combine
 
         b = dtype_bytes(dtype)
+        self.activation_dtype = activation_dtype(dtype, hardware)
+        a = dtype_bytes(self.activation_dtype)
         H, V, L = arch.hidden_size, arch.vocab_size, arch.num_layers
         layer_params = L * arch.params_per_layer
         tp = tensor_parallel_size
@@ -238,21 +264,22 @@ class CostModel:
         self._flops_per_logit_row = 2 * V * H
         self._attn_flops_per_pair = 4 * L * arch.num_attention_heads * arch.head_dim
         # bytes
-        self._layer_weight_bytes = (layer_params + H) * b  # decoder layers + final norm
-        self._lm_head_bytes = V * H * b
-        self._embedding_bytes_per_token = H * b
+        self._layer_weight_bytes = layer_params * b + H * a  # decoder layers + final norm
+        self._lm_head_bytes = V * H * a
+        self._embedding_bytes_per_token = H * a
         self._kv_bytes_per_token = arch.kv_bytes_per_token(dtype_bytes(self.kv_cache_dtype))
         self._activation_bytes_per_token = L * (4 * H + 2 * arch.q_size + 2 * arch.kv_size
-                                                + 3 * arch.intermediate_size) * b
-        self._activation_bytes_per_logit_row = V * b
+                                                + 3 * arch.intermediate_size) * a
+        self._activation_bytes_per_logit_row = V * a
         # rates, per step (already divided among the tp devices)
-        self._seconds_per_flop = 1.0 / (hardware.flops_for(dtype) * tp)
-        self._seconds_per_attention_flop = self._seconds_per_flop / hardware.attention_efficiency
-        self._seconds_per_byte = 1.0 / (hardware.memory_bandwidth * tp)
-        # tensor parallelism: 2 all-reduces per layer of T * H * b bytes each
+        self._seconds_per_flop = 1.0 / (hardware.matmul_flops(dtype) * tp)
+        self._seconds_per_attention_flop = 1.0 / (hardware.flops_for(self.activation_dtype)
+                                                  * hardware.attention_efficiency * tp)
+        self._seconds_per_byte = 1.0 / (hardware.effective_bandwidth * tp)
+        # tensor parallelism: 2 all-reduces per layer of T * H * a bytes each
         if tp > 1:
             self._comm_fixed_s = 2 * L * hardware.interconnect_latency_s
-            self._comm_s_per_token = (2 * L * 2 * (tp - 1) / tp * H * b) / hardware.interconnect_bandwidth
+            self._comm_s_per_token = (2 * L * 2 * (tp - 1) / tp * H * a) / hardware.allreduce_bandwidth
         else:
             self._comm_fixed_s = 0.0
             self._comm_s_per_token = 0.0
@@ -390,5 +417,5 @@ def kv_cache_num_blocks(arch: ArchConfig, hardware: HardwareProfile, dtype: str 
     config = EngineConfig(block_size=block_size, gpu_memory_utilization=gpu_memory_utilization)
     per_block = arch.kv_bytes_per_block(block_size, dtype_bytes(kv_cache_dtype or dtype), tp)
     return num_kv_blocks(config, per_block, device_memory=hardware.memory_bytes,
-                         weight_bytes=arch.weight_bytes(dtype_bytes(dtype)) / tp,
+                         weight_bytes=model_weight_bytes(arch, dtype, hardware) / tp,
                          activation_bytes=activation_reserve_bytes, model=arch.name)

@@ -44,7 +44,7 @@ from ref_engine.core.interfaces import SchedulerOutput, StepResult
 from ref_engine.core.metrics import RunMetrics, StepRecord
 from ref_engine.core.request import Request
 from ref_engine.core.scheduler import Scheduler
-from sim.cost_model import BatchShape, CostModel
+from sim.cost_model import BatchShape
 
 if TYPE_CHECKING:  # for annotations only: sim.spec_decode imports this module
     from sim.spec_decode import SimulatedProposer
@@ -53,14 +53,15 @@ if TYPE_CHECKING:  # for annotations only: sim.spec_decode imports this module
 DUMMY_TOKEN_ID = 0
 
 
-def feed_arrivals(env: simpy.Environment, requests: Iterable[Request],
-                  deliver: Callable[[Request], object]) -> Generator[simpy.Event, None, None]:
-    """SimPy process: `deliver(request)` at each request's `arrival_time`, in order of arrival (ties keep
-    their order). Requests arriving at the same time are delivered together, so "all at once" really
-    reaches the first step all at once. One replica feeds its engine with it; a cluster, its router."""
+def feed_arrivals(env: simpy.Environment, requests: Iterable[Request], deliver: Callable[[Request], object],
+                  delay_s: float = 0.0) -> Generator[simpy.Event, None, None]:
+    """SimPy process: `deliver(request)` at each request's `arrival_time` + `delay_s` (a server's front end,
+    sim/simulator.py), in order of arrival (ties keep their order). Requests arriving at the same time are
+    delivered together, so "all at once" really reaches the first step all at once. One replica feeds its
+    engine with it; a cluster, its router."""
     for request in sorted(requests, key=lambda r: r.arrival_time):
-        if request.arrival_time > env.now:
-            yield env.timeout(request.arrival_time - env.now)
+        if request.arrival_time + delay_s > env.now:
+            yield env.timeout(request.arrival_time + delay_s - env.now)
         deliver(request)
 
 
@@ -70,10 +71,16 @@ class StepTimer(Protocol):
     def step_time(self, output: SchedulerOutput) -> float: ...
 
 
-class CostModelTimer:
-    """Prices each step with a `CostModel`, from the batch shape the scheduler chose."""
+class ShapePricer(Protocol):
+    """Prices a `BatchShape`: a `CostModel`, or a `PipelineCostModel` (sim/pipeline.py)."""
 
-    def __init__(self, cost_model: CostModel) -> None:
+    def step_time(self, shape: BatchShape) -> float: ...
+
+
+class CostModelTimer:
+    """Prices each step with a `CostModel` (or any `ShapePricer`), from the batch shape the scheduler chose."""
+
+    def __init__(self, cost_model: ShapePricer) -> None:
         self.cost_model = cost_model
 
     def step_time(self, output: SchedulerOutput) -> float:

@@ -1,12 +1,13 @@
 """Hardware profiles: the handful of numbers the cost model needs to price one engine step.
 
-This module owns `HardwareProfile`, the built-in profiles (three GPUs from their datasheets and one estimate
+This module owns `HardwareProfile`, the built-in profiles (five GPUs: datasheet peaks with fitted fractions, and one estimate
 for "this machine", a 2-core CPU), their JSON form, and where calibrated profiles are saved.
 
 What a profile holds, and why these numbers and no others
     peak_flops[dtype]       dense matrix FLOP/s per compute dtype ("float32", "bfloat16", ...)
     memory_bandwidth        bytes/s between memory and the compute units (HBM on a GPU, DRAM on a CPU)
-    memory_bytes            device memory; the KV-cache pool is carved out of it (ref_engine/core/kv_sizing.py),
+    memory_bytes            device memory as the driver reports it (nvidia-smi's MiB x 2^20, not the marketing
+                            GB); the KV-cache pool is carved out of it (ref_engine/core/kv_sizing.py),
                             except on a CPU (provenance device_type "cpu"), which gets the engine's fixed pool
     step_overhead_s         fixed cost of one step: scheduling, Python, kernel launches, synchronisation
     per_seq_overhead_s      cost per scheduled request: building its input rows, sampling, bookkeeping
@@ -21,13 +22,17 @@ What a profile holds, and why these numbers and no others
     interconnect_*          GPU-to-GPU link inside one machine (NVLink): tensor-parallel all-reduces
     network_*               link between machines (InfiniBand/Ethernet): KV transfer in PD disaggregation
 
-There are no separate "efficiency" factors. A *calibrated* profile (source="calibrated", written by
-serving_lab/calibrate.py) simply stores the effective numbers the fit found. A *datasheet* profile stores the
-vendor's peaks, which real kernels do not reach: expect roughly 50-80% of peak FLOP/s and 70-90% of
-peak bandwidth (on the H200 lent to this project a PyTorch bf16 8192^3 matmul ran at ~790 of 989 TFLOP/s
-and a device copy at ~4.3 of 4.8 TB/s). The cost model applies NO fudge factor: a datasheet profile gives
-an optimistic lower bound on step time. To model realistic kernels, derate the profile explicitly with
-`profile.derated(compute=0.7, memory=0.85)`, which returns a new profile whose name and provenance say so.
+Achievable fractions. A datasheet gives peaks that real kernels never reach, so a profile also carries
+    matmul_efficiency[dtype]  the fraction of peak_flops[dtype] the linear layers reach (missing dtype = 1.0)
+    attention_efficiency      the fraction of the attention dtype's peak that attention reaches
+    bandwidth_efficiency      the fraction of memory_bandwidth a step's reads and writes reach
+    interconnect_efficiency   the fraction of interconnect_bandwidth a tensor-parallel all-reduce reaches
+The built-in GPU profiles keep the vendor's peaks in peak_flops and memory_bandwidth and carry these
+fractions, the overheads and the tensor-parallel link terms *fitted* to published serving measurements
+(`benchmarks/published.py --fit` writes sim/data/gpu_fit.json, read below; its provenance names the
+rows of benchmarks/published_rows.json in the fit and those held out). A *calibrated* profile
+(source="calibrated", serving_lab/calibrate.py) stores effective numbers with every fraction at 1.0.
+`profile.derated(compute=0.7, memory=0.85)` still scales the peaks explicitly, for what-ifs.
 
 A calibrated profile is measured for one dtype, one thread count and one attention path; its
 `provenance` dict records device, dtype, threads, torch version, model, attention path, date and fit
@@ -84,9 +89,15 @@ class HardwareProfile:
     interconnect_latency_s: float = 0.0  # fixed cost of one collective / one message
     network_bandwidth: float = 0.0  # bytes/s per device between machines, 0 = none
     network_latency_s: float = 0.0
-    # Attention FLOPs run at this fraction of peak_flops (masking, softmax and gathers make attention
-    # slower than a plain matmul); 1.0 on datasheets, fitted by calibration.
+    # Attention FLOPs run at this fraction of the peak of the attention dtype (masking, softmax and gathers
+    # make attention slower than a plain matmul); fitted on the built-in GPUs and by calibration.
     attention_efficiency: float = 1.0
+    # Linear layers reach this fraction of peak_flops[dtype]; a dtype not listed runs at 1.0.
+    matmul_efficiency: dict[str, float] = field(default_factory=dict)
+    # Memory traffic reaches this fraction of memory_bandwidth.
+    bandwidth_efficiency: float = 1.0
+    # A tensor-parallel all-reduce (NCCL or a custom kernel) reaches this fraction of interconnect_bandwidth.
+    interconnect_efficiency: float = 1.0
     # How compute and memory time combine in a step: "max" where the device overlaps them (GPUs, the
     # roofline), "sum" where it does not (a CPU's cores do both; calibrated CPU profiles are fitted so).
     combine: str = "max"
@@ -102,8 +113,18 @@ class HardwareProfile:
                 raise ValueError(f"profile {self.name!r}: peak_flops[{dtype!r}] must be > 0, got {rate}")
         if self.memory_bandwidth <= 0:
             raise ValueError(f"profile {self.name!r}: memory_bandwidth must be > 0")
-        if not self.attention_efficiency > 0:
+        if not self.attention_efficiency > 0:  # calibration may find attention faster than its matmuls
             raise ValueError(f"profile {self.name!r}: attention_efficiency must be > 0, got {self.attention_efficiency}")
+        if not 0 < self.bandwidth_efficiency <= 1:
+            raise ValueError(f"profile {self.name!r}: bandwidth_efficiency must be in (0, 1], got "
+                             f"{self.bandwidth_efficiency}")
+        if not 0 < self.interconnect_efficiency <= 1:
+            raise ValueError(f"profile {self.name!r}: interconnect_efficiency must be in (0, 1], got "
+                             f"{self.interconnect_efficiency}")
+        for dtype, fraction in self.matmul_efficiency.items():
+            if not 0 < fraction <= 1:
+                raise ValueError(f"profile {self.name!r}: matmul_efficiency[{dtype!r}] must be in (0, 1], got "
+                                 f"{fraction}")
         if self.combine not in ("max", "sum"):
             raise ValueError(f"profile {self.name!r}: combine must be 'max' or 'sum', got {self.combine!r}")
         for knob in ("step_overhead_s", "per_seq_overhead_s", "per_token_overhead_s",
@@ -125,6 +146,20 @@ class HardwareProfile:
                 f"profile {self.name!r} has no peak FLOP/s for dtype {dtype!r}; "
                 f"it knows: {', '.join(self.peak_flops)}"
             ) from None
+
+    def matmul_flops(self, dtype: str) -> float:
+        """FLOP/s the linear layers reach in `dtype`: peak x matmul_efficiency (1.0 when not listed)."""
+        return self.flops_for(dtype) * self.matmul_efficiency.get(dtype, 1.0)
+
+    @property
+    def allreduce_bandwidth(self) -> float:
+        """Bytes/s per direction a tensor-parallel all-reduce reaches: interconnect_bandwidth x interconnect_efficiency."""
+        return self.interconnect_bandwidth * self.interconnect_efficiency
+
+    @property
+    def effective_bandwidth(self) -> float:
+        """Bytes/s a step's memory traffic reaches: memory_bandwidth x bandwidth_efficiency."""
+        return self.memory_bandwidth * self.bandwidth_efficiency
 
     def derated(self, compute: float = 1.0, memory: float = 1.0) -> HardwareProfile:
         """A copy whose FLOP/s are scaled by `compute` and bandwidth by `memory` (both in (0, 1]).
@@ -253,41 +288,61 @@ def _saved_profiles() -> dict[str, Path]:
 
 
 def _copy(profile: HardwareProfile) -> HardwareProfile:
-    return replace(profile, peak_flops=dict(profile.peak_flops), provenance=dict(profile.provenance))
+    return replace(profile, peak_flops=dict(profile.peak_flops), matmul_efficiency=dict(profile.matmul_efficiency),
+                   provenance=dict(profile.provenance))
 
 
 # ---- built-in profiles ----------------------------------------------------------------------------
 
 _GPU_NOTE = (
-    "Vendor datasheet peaks (dense, no sparsity). Real kernels reach roughly 50-80% of peak FLOP/s and "
-    "70-90% of peak bandwidth; the cost model applies no fudge factor, so times are optimistic unless "
-    "you use profile.derated(...) or a calibrated profile. NVLink is stored per direction (half the "
-    "datasheet's bidirectional total). Overheads are guesses for a vLLM-like engine with CUDA graphs."
+    "Vendor datasheet peaks (dense, no sparsity) in peak_flops and memory_bandwidth; matmul_efficiency, "
+    "attention_efficiency, bandwidth_efficiency, the overheads and the interconnect terms are fitted to "
+    "published serving measurements (provenance['fit']). NVLink is stored per direction (half the "
+    "datasheet's bidirectional total); all-reduces reach interconnect_efficiency of it. "
+    "memory_bytes is what nvidia-smi reports (MiB x 2^20)."
 )
 
-# GPU overhead guesses, shared by the three datasheet profiles (per step ~1 ms of scheduling, input
-# preparation and launch; ~10 us per request; block-table work ~0.1 us per KV block).
+MIB = 2**20
+FIT_PATH = Path(__file__).parent / "data" / "gpu_fit.json"
+
+# Fitted terms a GPU profile takes from FIT_PATH (everything else is its datasheet).
+FITTED_FIELDS = ("matmul_efficiency", "attention_efficiency", "bandwidth_efficiency", "step_overhead_s",
+                 "per_seq_overhead_s", "interconnect_latency_s", "interconnect_efficiency")
+
+
+def _with_fit(datasheet: HardwareProfile) -> HardwareProfile:
+    """`datasheet` with the terms `benchmarks/published.py --fit` fitted for it (none fitted: unchanged,
+    every efficiency 1.0, so the datasheet is an optimistic bound)."""
+    fits = json.loads(FIT_PATH.read_text()) if FIT_PATH.is_file() else {}
+    fit = fits.get(datasheet.name)
+    if fit is None:
+        return datasheet
+    terms = {name: fit[name] for name in FITTED_FIELDS if name in fit}
+    return replace(datasheet, **terms, provenance={**datasheet.provenance, "fit": fit["provenance"]})
+
+
+# Overheads before a fit: ~1 ms per step, ~10 us per request, ~0.1 us per KV block.
 _GPU_OVERHEADS = dict(step_overhead_s=1.0e-3, per_seq_overhead_s=10e-6, per_token_overhead_s=0.0,
                       per_block_overhead_s=0.1e-6, interconnect_latency_s=10e-6, network_latency_s=10e-6)
 
-A100_80GB_SXM = HardwareProfile(
+A100_80GB_SXM = _with_fit(HardwareProfile(
     name="A100-80GB-SXM",
     peak_flops={"float32": 19.5 * TERA, "bfloat16": 312 * TERA, "float16": 312 * TERA},
     memory_bandwidth=2039 * GIGA,
-    memory_bytes=80e9,
+    memory_bytes=81920 * MIB,  # nvidia-smi: "81920MiB" on an A100-SXM4-80GB
     interconnect_bandwidth=300 * GIGA,  # NVLink3: 600 GB/s bidirectional
     network_bandwidth=25 * GIGA,  # one 200 Gb/s HDR InfiniBand NIC per GPU (DGX A100)
     source="datasheet",
     notes=_GPU_NOTE,
     provenance={"reference": "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB)"},
     **_GPU_OVERHEADS,
-)
+))
 
-H100_SXM = HardwareProfile(
+_H100_DATASHEET = HardwareProfile(
     name="H100-SXM",
     peak_flops={"float32": 67 * TERA, "bfloat16": 989 * TERA, "float16": 989 * TERA, "fp8": 1979 * TERA},
     memory_bandwidth=3350 * GIGA,
-    memory_bytes=80e9,
+    memory_bytes=81559 * MIB,  # nvidia-smi: "81559MiB" on an H100 80GB HBM3
     interconnect_bandwidth=450 * GIGA,  # NVLink4: 900 GB/s bidirectional
     network_bandwidth=50 * GIGA,  # one 400 Gb/s NDR InfiniBand NIC per GPU (DGX H100)
     source="datasheet",
@@ -295,15 +350,45 @@ H100_SXM = HardwareProfile(
     provenance={"reference": "NVIDIA H100 Tensor Core GPU datasheet (SXM5 80GB)"},
     **_GPU_OVERHEADS,
 )
+H100_SXM = _with_fit(_H100_DATASHEET)
 
 # The H200 is an H100 with more and faster memory (HBM3e): same compute, same NVLink.
-H200 = replace(
-    H100_SXM,
+H200 = _with_fit(replace(
+    _H100_DATASHEET,
     name="H200",
     memory_bandwidth=4800 * GIGA,
-    memory_bytes=141e9,
+    memory_bytes=143771 * MIB,  # nvidia-smi: "143771MiB" on an H200 (141 GB)
     provenance={"reference": "NVIDIA H200 Tensor Core GPU datasheet (SXM 141GB)"},
-)
+))
+
+# Ada, PCIe only: tensor parallelism all-reduces over PCIe Gen4 x16 (64 GB/s bidirectional).
+L40S = _with_fit(HardwareProfile(
+    name="L40S",
+    peak_flops={"float32": 91.6 * TERA, "bfloat16": 362 * TERA, "float16": 362 * TERA, "fp8": 733 * TERA},
+    memory_bandwidth=864 * GIGA,
+    memory_bytes=46068 * MIB,  # nvidia-smi: "46068MiB" on an L40S (48 GB GDDR6 with ECC)
+    interconnect_bandwidth=32 * GIGA,  # PCIe Gen4 x16, per direction
+    network_bandwidth=25 * GIGA,  # a 200 Gb/s NIC per GPU, a guess
+    source="datasheet",
+    notes=_GPU_NOTE,
+    provenance={"reference": "NVIDIA L40S datasheet (dense Tensor Core peaks, sparsity excluded)"},
+    **_GPU_OVERHEADS,
+))
+
+# Blackwell: no bf16/fp8 Llama-3.1 rows were found to fit it on; it borrows the H100's fitted fractions
+# (see benchmarks/published.py), so its numbers are the least trustworthy of the built-ins.
+B200 = _with_fit(HardwareProfile(
+    name="B200",
+    peak_flops={"float32": 75 * TERA, "bfloat16": 2250 * TERA, "float16": 2250 * TERA, "fp8": 4500 * TERA},
+    memory_bandwidth=8000 * GIGA,
+    memory_bytes=183359 * MIB,  # nvidia-smi: "183359MiB" on a B200 (180 GB)
+    interconnect_bandwidth=900 * GIGA,  # NVLink5: 1.8 TB/s bidirectional
+    network_bandwidth=50 * GIGA,  # one 400 Gb/s NIC per GPU (DGX B200)
+    source="datasheet",
+    notes=_GPU_NOTE,
+    provenance={"reference": "NVIDIA HGX/DGX B200 datasheet (per GPU, dense, sparsity excluded)"},
+    **_GPU_OVERHEADS,
+))
 
 LOCAL_CPU = HardwareProfile(
     name="local-cpu",
@@ -333,5 +418,5 @@ LOCAL_CPU = HardwareProfile(
 DEFAULT_CPU_PROFILE = "local-cpu"
 
 BUILTIN_PROFILES: dict[str, HardwareProfile] = {
-    _slug(profile.name): profile for profile in (A100_80GB_SXM, H100_SXM, H200, LOCAL_CPU)
+    _slug(profile.name): profile for profile in (A100_80GB_SXM, H100_SXM, H200, L40S, B200, LOCAL_CPU)
 }

@@ -12,7 +12,14 @@ Defaults
   estimate, with a warning (`default_hardware`);
 - KV pool: `num_kv_blocks` given here, else the engine's own rule (ref_engine/core/kv_sizing.py):
   `config.num_kv_blocks`; `config.kv_cache_memory` bytes / bytes per block; a fixed pool on a CPU
-  profile; else the profile's memory x `config.gpu_memory_utilization` - weights - activations.
+  profile; else the profile's memory x `config.gpu_memory_utilization` - weights - activations, per device
+  (weights over tensor_parallel_size x pipeline_parallel_size devices; KV blocks in `kv_cache_dtype`,
+  default the weights' dtype, e.g. "fp8" KV under bf16 weights);
+- parallelism: `tensor_parallel_size` (sim/cost_model.py) and `pipeline_parallel_size` (sim/pipeline.py)
+  combine: tp x pp devices per replica; 1 x 1 is the single-device model itself;
+- front end: `frontend_latency_s` (default 0) is the per-request time a server spends before the engine
+  sees a request (HTTP, tokenization): the request reaches the scheduler that long after it arrives, so
+  TTFT and end-to-end latency include it, as a client of `vllm serve` measures them.
 
 Speculative decoding (`config.speculative_method`): pass an `acceptance` model (sim/spec_decode.py: a
 rate per draft position, or the engine's counts replayed); a draft model's passes are priced on its own
@@ -38,9 +45,10 @@ from ref_engine.core.metrics import RunMetrics
 from ref_engine.core.scheduler import make_scheduler
 from ref_engine.core.workload import Workload
 from ref_engine.model.arch_config import DEFAULT_MODEL_NAME, ArchConfig
-from sim.cost_model import CostModel
-from sim.executor import CostModelTimer, SimulatedExecutor, StepTimer
+from sim.cost_model import CostModel, activation_dtype, model_weight_bytes
+from sim.executor import CostModelTimer, SimulatedExecutor, StepTimer, feed_arrivals
 from sim.hardware import DEFAULT_CPU_PROFILE, HardwareProfile, dtype_bytes, load_calibrated_profile
+from sim.pipeline import PipelineCostModel
 from sim.spec_decode import AcceptanceModel, DraftCostTimer, SimulatedProposer
 
 
@@ -68,16 +76,22 @@ def resolve_hardware(hardware: HardwareProfile | str | None) -> HardwareProfile:
 
 
 def num_kv_blocks_for(arch: ArchConfig, hardware: HardwareProfile, config: EngineConfig,
-                      dtype: str = "bfloat16", tensor_parallel_size: int = 1) -> int:
+                      dtype: str = "bfloat16", tensor_parallel_size: int = 1, *, kv_cache_dtype: str | None = None,
+                      pipeline_parallel_size: int = 1) -> int:
     """The KV pool of one replica (per device), by the engine's rule (`kv_sizing.num_kv_blocks`), with the
-    device memory from the profile (none on a CPU profile, as on a real CPU) and the weights from the dims."""
-    b = dtype_bytes(dtype)
+    device memory from the profile (none on a CPU profile, as on a real CPU) and the weights from the dims
+    (`model_weight_bytes`). A device of a pipeline stage holds ceil(L / pp) layers' KV and 1 / (tp x pp) of
+    the weights."""
+    activation_bytes = dtype_bytes(activation_dtype(dtype, hardware))
     on_cpu = hardware.provenance.get("device_type") == "cpu"
+    full_block = arch.kv_bytes_per_block(config.block_size, dtype_bytes(kv_cache_dtype or dtype), tensor_parallel_size)
+    stage_layers = -(-arch.num_layers // pipeline_parallel_size)
     return num_kv_blocks(
-        config, arch.kv_bytes_per_block(config.block_size, b, tensor_parallel_size),
+        config, full_block // arch.num_layers * stage_layers,
         device_memory=None if on_cpu else hardware.memory_bytes,
-        weight_bytes=arch.weight_bytes(b) / tensor_parallel_size,
-        activation_bytes=arch.peak_activation_bytes(config.max_num_batched_tokens, config.max_num_seqs, b),
+        weight_bytes=model_weight_bytes(arch, dtype, hardware) / (tensor_parallel_size * pipeline_parallel_size),
+        activation_bytes=arch.peak_activation_bytes(config.max_num_batched_tokens, config.max_num_seqs,
+                                                    activation_bytes),
         model=arch.name)
 
 
@@ -88,7 +102,9 @@ class Simulator:
     def __init__(self, model: ArchConfig | str | None = None, hardware: HardwareProfile | str | None = None,
                  config: EngineConfig | None = None, dtype: str | None = None, tensor_parallel_size: int = 1,
                  num_kv_blocks: int | None = None, step_timer: StepTimer | None = None,
-                 acceptance: AcceptanceModel | None = None, draft_arch: ArchConfig | str | None = None) -> None:
+                 acceptance: AcceptanceModel | None = None, draft_arch: ArchConfig | str | None = None, *,
+                 kv_cache_dtype: str | None = None, pipeline_parallel_size: int = 1,
+                 frontend_latency_s: float = 0.0) -> None:
         self.arch = resolve_model(model)
         self.hardware = resolve_hardware(hardware)
         # max_model_len settled for this model (its max_position_embeddings when unset), as the engine does
@@ -98,10 +114,22 @@ class Simulator:
         dtype = dtype or self.hardware.provenance.get("dtype", "bfloat16")
         self.dtype = dtype
         self.tensor_parallel_size = tensor_parallel_size
-        self.cost_model = CostModel(self.arch, self.hardware, dtype, tensor_parallel_size,
-                                    block_size=self.config.block_size)
+        self.pipeline_parallel_size = pipeline_parallel_size
+        self.kv_cache_dtype = kv_cache_dtype or dtype
+        if frontend_latency_s < 0:
+            raise ValueError(f"frontend_latency_s must be >= 0, got {frontend_latency_s}")
+        self.frontend_latency_s = frontend_latency_s
+        if pipeline_parallel_size == 1:
+            self.cost_model: CostModel | PipelineCostModel = CostModel(
+                self.arch, self.hardware, dtype, tensor_parallel_size, block_size=self.config.block_size,
+                kv_cache_dtype=self.kv_cache_dtype)
+        else:
+            self.cost_model = PipelineCostModel(
+                self.arch, self.hardware, dtype, tensor_parallel_size, pipeline_parallel_size,
+                block_size=self.config.block_size, kv_cache_dtype=self.kv_cache_dtype)
         self.num_kv_blocks = num_kv_blocks if num_kv_blocks is not None else num_kv_blocks_for(
-            self.arch, self.hardware, self.config, dtype, tensor_parallel_size)
+            self.arch, self.hardware, self.config, dtype, tensor_parallel_size, kv_cache_dtype=self.kv_cache_dtype,
+            pipeline_parallel_size=pipeline_parallel_size)
         self.step_timer = step_timer if step_timer is not None else CostModelTimer(self.cost_model)
         if (self.config.speculative_method is None) != (acceptance is None):
             raise ValueError("an acceptance model simulates speculative decoding, so it goes with "
@@ -142,7 +170,7 @@ class Simulator:
             requests = workload.make_requests(self.arch.vocab_size)
             for request in requests:  # arrival times count from the start of the round
                 request.arrival_time += env.now
-            env.process(executor.feed(requests))
+            env.process(feed_arrivals(env, requests, executor.add_request, delay_s=self.frontend_latency_s))
             env.run()
             results.append(executor.metrics())
         return results

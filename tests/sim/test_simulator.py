@@ -247,3 +247,48 @@ def test_reserving_max_length_wastes_most_kv_memory_and_paging_almost_none():
 
     assert live_fraction("contiguous") < 0.5
     assert live_fraction("paged") > 0.95
+
+
+# ---- the KV pool from device memory, KV dtype and gpu_memory_utilization (issue 15) ----------------------
+
+TINY = ArchConfig(name="tiny", architecture="llama", num_layers=2, hidden_size=8, num_attention_heads=2,
+                  num_kv_heads=1, head_dim=4, intermediate_size=16, vocab_size=32)
+
+
+def _toy(memory_bytes: float) -> HardwareProfile:
+    return HardwareProfile(name="toy", peak_flops={"bfloat16": 2e8, "fp8": 4e8}, memory_bandwidth=1e8,
+                           memory_bytes=memory_bytes, interconnect_bandwidth=1e7)
+
+
+def test_kv_pool_follows_memory_kv_dtype_and_utilization():
+    # tiny: 1704 weights (3408 bytes in bf16); activations of a 10-token, 2-seq step: 10*88*2 + 2*32*4 = 2016;
+    # a 4-token block of KV: 4 tokens x 2 layers x 1 head x 4 x 2 (K and V) x 2 bytes = 128 in bf16, 64 in fp8
+    config = EngineConfig(block_size=4, max_num_batched_tokens=10, max_num_seqs=2, gpu_memory_utilization=0.5)
+    def blocks(memory: float = 100_000, engine: EngineConfig = config, **kwargs: object) -> int:
+        return Simulator(TINY, _toy(memory), engine, **kwargs).num_kv_blocks  # type: ignore[arg-type]
+    assert blocks() == (50_000 - 3408 - 2016) // 128 == 348
+    assert blocks(200_000) == (100_000 - 3408 - 2016) // 128
+    assert blocks(kv_cache_dtype="fp8") == (50_000 - 3408 - 2016) // 64 == 696
+    assert blocks(engine=dataclasses.replace(config, gpu_memory_utilization=0.8)) == (80_000 - 3408 - 2016) // 128 == 582
+    # fp8 weights: the 2 layers' 1184 weights in 1 byte, embeddings, lm_head and norms (520) in 2; KV in fp8 too
+    assert blocks(dtype="fp8") == (50_000 - (1184 + 520 * 2) - 2016) // 64 == 715
+    # 2 pipeline stages: each device holds 1 of the 2 layers' KV and half the weights
+    assert blocks(pipeline_parallel_size=2) == (50_000 - 1704 - 2016) // 64 == 723
+
+
+def test_kv_pool_uses_the_devices_real_memory():
+    h100 = HardwareProfile.named("h100-sxm")
+    config = EngineConfig(max_num_seqs=256, max_num_batched_tokens=8192)
+    arch = ArchConfig.named("llama-3.1-8b")
+    activations = arch.peak_activation_bytes(8192, 256, 2)
+    expected = int((0.9 * 81559 * 2**20 - arch.weight_bytes(2) - activations) // (16 * 128 * 1024))
+    assert Simulator(arch, h100, config).num_kv_blocks == expected
+
+
+def test_frontend_latency_adds_to_ttft_only():
+    config = EngineConfig(block_size=4, max_num_seqs=2, max_num_batched_tokens=64, num_kv_blocks=64)
+    workload = Workload.synthetic(1, 20, 8, seed=1)
+    plain = Simulator(TINY, _toy(100_000), config).run(workload)
+    served = Simulator(TINY, _toy(100_000), config, frontend_latency_s=0.05).run(workload)
+    assert served.mean_ttft_ms == pytest.approx(plain.mean_ttft_ms + 50)
+    assert served.mean_itl_ms == pytest.approx(plain.mean_itl_ms)
