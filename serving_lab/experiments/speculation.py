@@ -11,7 +11,7 @@ from typing import Any
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import RunMetrics
 from ref_engine.core.workload import Workload
-from serving_lab.experiments.common import Sides, _cdiv, _row
+from serving_lab.experiments.common import Sides, _cdiv, _row, machine_slowdown
 from sim.cost_model import BatchShape
 from sim.simulator import Simulator
 
@@ -85,7 +85,7 @@ def speculation(prompts: list[list[int]], configs: dict[str, EngineConfig], side
 
         runs = [bench.run(workload, config, model=sides.model) for _ in range(sides.repeats)]
         measured = min(runs, key=lambda m: m.duration)
-        rows.append(_row(measured, "measured", row_labels))
+        rows.append({**_row(measured, "measured", row_labels), "slowdown": machine_slowdown(measured, sides)})
         rows.append(_row(simulate(AcceptanceReplay(measured.steps)), "simulated", row_labels, measured))
     return rows
 
