@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from serving_lab.calibrate import unsteady_fit
-from serving_lab.experiments.common import drift_note, error_check, pairs
+from serving_lab.experiments.common import drift_note, error_check
 from sim.hardware import HardwareProfile
 
 BUSY = 1.15  # a run this many times slower (or faster) than its profile prices it was not in the calibrated state
@@ -53,28 +53,28 @@ def machine_note(hardware: HardwareProfile | str, *, rows: Iterable[dict[str, An
     return next((n for n in (drift_note(s, busy) for s in [*measured, *slowdowns]) if n), None)
 
 
-def timing_claim(condition: bool, what: str, unsteady: str | None) -> bool:
+def timing_claim(condition: bool, what: str, unsteady: str | None) -> None:
     """Assert `condition`, the claim `what`, unless `unsteady` says why the machine was not steady; then
-    print so and skip. Returns whether the claim was judged."""
+    print so and skip."""
     if unsteady:
         print(f"machine unsteady: {unsteady}; skipping this timing claim ({what})")
-        return False
+        return
     assert condition, what
-    return True
 
 
 def error_claim(rows: Iterable[dict[str, Any]], fields: Iterable[str], hardware: HardwareProfile | str, *,
-                tolerance_pct: float = 35.0, busy: float = BUSY) -> bool:
+                tolerance_pct: float = 35.0, busy: float = BUSY) -> None:
     """Every (measured, simulated) pair of `rows` has each of `fields` simulated within `tolerance_pct` of
     measured (`error_check`), as a timing claim: all pairs are skipped when the profile was fitted on an
     unsteady machine, and each pair whose run was slowed (or sped up) beyond `busy` is skipped on its own,
-    loudly. Returns whether any pair was judged."""
-    rows, fields = list(rows), list(fields)
+    loudly."""
+    fields = list(fields)
     what = f"simulated {', '.join(fields)} within {tolerance_pct:g}% of measured"
-    if not timing_claim(True, what, fit_note(hardware)):
-        return False
+    unsteady = fit_note(hardware)
+    if unsteady:
+        timing_claim(True, what, unsteady)
+        return
     problems, skipped = error_check(rows, fields, tolerance_pct, busy)
     for line in skipped:
         print(f"machine unsteady: {line}; skipping this timing claim ({what})")
     assert not problems, problems
-    return len(skipped) < len(pairs(rows))
