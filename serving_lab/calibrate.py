@@ -19,8 +19,12 @@ Python"), and a measured one keeps both numbers meaningful. The fitted numbers a
 that predict this engine, not the chip's peak, and the profile says so.
 
 The profile is valid only for what it was measured on: it records device, dtype, threads, torch version,
-model, attention path and date, and the fit error per calibration point. `serving-lab calibrate` runs it
-and saves the profile where `load_calibrated_profile()` finds it.
+model, attention path and date, and the fit error per calibration point. It also records how steady the
+machine was while the grid ran (`steadiness`): a fit taken while another program was using the cores prices
+this machine wrongly (on a 2-core CPU with one core busy, it priced a speculative verify step above the
+tokens it emits), so such a profile is saved flagged `steady: false`, notebooks skip the claims that rest
+on it, and `load_or_calibrate` refits it at the next chance. `serving-lab calibrate` runs it and saves the
+profile where `load_calibrated_profile()` finds it.
 
 Lesson: lessons/01-continuous-batching.md (the cost of a step).
 """
@@ -66,6 +70,13 @@ CALIBRATION_GRID: tuple[tuple[str, int, int, int, int], ...] = (
 DRIFT_PROBE = (1, 10)
 DRIFT_TOLERANCE = 0.10
 
+# Bounds of a steady calibration (see `steadiness`). Repeats of a grid row that disagree by more than the
+# drift tolerance mean the machine's speed moved, during the fit, by more than a saved profile may move
+# before it counts as stale. Waiting for a core more than 10% of the time this process wanted one means
+# other programs were using the cores (a quiet 2-core machine waits ~1%; one busy core makes it ~30-50%).
+STEADY_SPREAD_PCT = 100 * DRIFT_TOLERANCE
+STEADY_CPU_WAIT_PCT = 10.0
+
 
 @dataclass(frozen=True)
 class CalibrationPoint:
@@ -90,22 +101,96 @@ def grid_workloads(seed: int = 0) -> list[tuple[str, Workload, EngineConfig]]:
     return runs
 
 
-def measure_grid(model: Any, seed: int = 0, repeats: int = 2, rows: Sequence[int] | None = None) -> list[RunMetrics]:
-    """Run the grid's workloads (`rows`: which, default all) on the real engine (`model`: a `LoadedModel`);
-    returns the fastest run of each.
+def run_grid(model: Any, seed: int = 0, repeats: int = 2, rows: Sequence[int] | None = None
+             ) -> list[list[RunMetrics]]:
+    """Run the grid's workloads (`rows`: which, default all) on the real engine (`model`: a `LoadedModel`),
+    each `repeats` times back to back; returns every run, one list per workload.
 
-    One throw-away run first, so one-time costs (allocations, first-call dispatch) stay out of the fit.
-    Each workload runs `repeats` times and the fastest whole run is kept: other processes on a shared
-    machine only ever slow a run down. (Whole runs, not the fastest of each step: per-step minima are
-    biased below any real run, and the measured side of every experiment keeps its fastest run too.)"""
+    One throw-away run first, so one-time costs (allocations, first-call dispatch) stay out of the fit."""
     # The engine and torch are imported only where the engine runs: fitting, loading and checking profiles
     # (fidelity, the simulator's defaults) work without torch.
     from ref_engine import bench
 
     runs = grid_workloads(seed)
     bench.run(runs[0][1], runs[0][2], model=model)
-    return [min((bench.run(workload, config, model=model) for _ in range(repeats)), key=lambda m: m.duration)
+    return [[bench.run(workload, config, model=model) for _ in range(repeats)]
             for _, workload, config in (runs[i] for i in (range(len(runs)) if rows is None else rows))]
+
+
+def fastest_runs(runs: list[list[RunMetrics]]) -> list[RunMetrics]:
+    """The fastest whole run of each workload: other processes on a shared machine only ever slow a run
+    down. (Whole runs, not the fastest of each step: per-step minima are biased below any real run, and
+    the measured side of every experiment keeps its fastest run too.)"""
+    return [min(repeats, key=lambda m: m.duration) for repeats in runs]
+
+
+def measure_grid(model: Any, seed: int = 0, repeats: int = 2, rows: Sequence[int] | None = None) -> list[RunMetrics]:
+    """The fastest of `repeats` runs of each of the grid's workloads (`run_grid`, `fastest_runs`)."""
+    return fastest_runs(run_grid(model, seed, repeats, rows))
+
+
+def cpu_clock() -> tuple[float, float] | None:
+    """Seconds this process's threads have run on a core and waited, ready, for one (summed over threads,
+    from Linux's /proc/self/task/*/schedstat); None where the kernel does not report them.
+
+    The wait is time the scheduler gave the cores to someone else: other programs, or more of our own
+    threads than there are cores. Threads that exit between two readings take their counts with them."""
+    import glob
+
+    run = wait = 0
+    paths = glob.glob("/proc/self/task/*/schedstat")
+    for path in paths:
+        try:
+            with open(path) as f:
+                fields = f.read().split()
+        except OSError:  # the thread exited since the listing
+            continue
+        run, wait = run + int(fields[0]), wait + int(fields[1])
+    return (run / 1e9, wait / 1e9) if paths else None
+
+
+def steadiness(runs: list[list[RunMetrics]], cpu_before: tuple[float, float] | None,
+               cpu_after: tuple[float, float] | None) -> dict[str, Any]:
+    """How steady the machine was while `runs` (every repeat of every grid workload) were measured, as
+    provenance fields: `repeat_spread_pct` (the median over workloads of slowest / fastest repeat - 1, in
+    %), `cpu_wait_pct` (of the time our threads were ready to run, the share they waited for a core, in %,
+    between the two `cpu_clock` readings; None where unknown) and `steady` (both within their bounds,
+    `STEADY_SPREAD_PCT` and `STEADY_CPU_WAIT_PCT`).
+
+    Two signals because each misses a case: load that comes and goes makes repeats disagree, while a
+    program holding one core for the whole calibration slows every repeat alike, and only the wait shows
+    it."""
+    spreads = [max(m.duration for m in repeats) / min(m.duration for m in repeats) - 1
+               for repeats in runs if len(repeats) > 1]
+    spread_pct = 100 * float(np.median(spreads)) if spreads else None
+    wait_pct = None
+    if cpu_before is not None and cpu_after is not None:
+        ran, waited = (after - before for after, before in zip(cpu_after, cpu_before))
+        wait_pct = 100 * waited / (ran + waited) if ran + waited > 0 else None
+    steady = ((spread_pct is None or spread_pct <= STEADY_SPREAD_PCT)
+              and (wait_pct is None or wait_pct <= STEADY_CPU_WAIT_PCT))
+    return {"repeat_spread_pct": None if spread_pct is None else round(spread_pct, 1),
+            "cpu_wait_pct": None if wait_pct is None else round(wait_pct, 1), "steady": steady}
+
+
+def unsteady_fit(profile: HardwareProfile) -> str | None:
+    """Why `profile`'s fitted numbers do not describe this machine in a steady state (None when they do):
+    it was calibrated while the machine was unsteady, or before calibration recorded steadiness. Profiles
+    that were not calibrated here (datasheets) are fixed numbers, never unsteady."""
+    if profile.source != "calibrated":
+        return None
+    p = profile.provenance
+    if "steady" not in p:
+        return f"profile {profile.name!r} does not record how steady the machine was when it was fitted"
+    if p["steady"]:
+        return None
+    return (f"profile {profile.name!r} was fitted on a busy machine (repeats of its calibration runs disagreed by "
+            f"{_pct(p.get('repeat_spread_pct'))} median, bound {STEADY_SPREAD_PCT:g}%; its threads waited for a core "
+            f"{_pct(p.get('cpu_wait_pct'))} of the time, bound {STEADY_CPU_WAIT_PCT:g}%)")
+
+
+def _pct(value: float | None) -> str:
+    return "an unknown share" if value is None else f"{value:g}%"
 
 
 def measure_copy_bandwidth(num_bytes: int = 256 << 20, repeats: int = 5) -> float:
@@ -178,7 +263,10 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
 
     loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype)
     block_size = (config or EngineConfig()).block_size
-    fastest = measure_grid(loaded, seed)
+    cpu_before = cpu_clock()
+    runs = run_grid(loaded, seed)
+    steadiness_fields = steadiness(runs, cpu_before, cpu_clock())
+    fastest = fastest_runs(runs)
     steps = [(kind, step) for (kind, *_), run in zip(CALIBRATION_GRID, fastest) for step in run.steps]
     bandwidth = measure_copy_bandwidth()
     device = next(loaded.model.parameters()).device
@@ -187,6 +275,7 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
         "device_type": device.type, "dtype": dtype, "threads": torch.get_num_threads(),
         "torch": torch.__version__, "model": loaded.model_id, "attention": "ref_engine pure-torch paged attention",
         "block_size": block_size, "date": datetime.date.today().isoformat(), "fit_form": FIT_FORM,
+        **steadiness_fields,
     }
     profile, points = fit_profile(loaded.arch, steps, dtype=dtype, memory_bandwidth=bandwidth, block_size=block_size,
                                   name=calibrated_profile_name(device.type, dtype), provenance=provenance)
@@ -195,6 +284,10 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
         print(f"mean |error| {profile.provenance['fit_mean_abs_error_pct']}%, "
               f"p90 {profile.provenance['fit_p90_abs_error_pct']}% over {len(points)} steps")
     profile.provenance["drift_probe_s"] = [fastest[i].duration for i in DRIFT_PROBE]
+    unsteady = unsteady_fit(profile)
+    if unsteady:  # said even when not verbose: every claim that rests on this fit will be skipped
+        print(f"warning: {unsteady}; claims that rest on it are skipped"
+              + (", and load_or_calibrate refits it at the next chance" if save else ""))
     if save:
         path = profile.save()
         if verbose:
@@ -234,12 +327,14 @@ def time_factor(profile: HardwareProfile, loaded: Any) -> float:
 
 def load_or_calibrate(model: Any = None, *, dtype: str = "float32") -> HardwareProfile:
     """The saved profile for this device and dtype, if it was measured on the same model and torch, fitted
-    to today's form of the cost model, and the machine still runs the drift probe within `DRIFT_TOLERANCE`
-    of calibration time (a few seconds to check); else a fresh calibration, saved for next time.
+    to today's form of the cost model on a steady machine (`unsteady_fit`), and the machine still runs the
+    drift probe within `DRIFT_TOLERANCE` of calibration time (a few seconds to check); else a fresh
+    calibration, saved for next time (flagged if the machine is unsteady now, so it is refit next time).
 
     Notebooks call this: the first one on a machine pays ~2 minutes. The probe is there because a shared
     machine's speed drifts by tens of percent over an hour, and a profile from a faster or slower hour
-    makes every simulated-vs-measured comparison wrong by that much."""
+    makes every simulated-vs-measured comparison wrong by that much. A fit taken on a busy machine is
+    wrong whatever the probe says, hence the steadiness check first."""
     import torch
 
     from ref_engine.model.loader import LoadedModel, load_model
@@ -253,6 +348,10 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32") -> HardwareP
     if (profile is not None and profile.provenance.get("model") == loaded.model_id
             and profile.provenance.get("torch") == torch.__version__
             and profile.provenance.get("fit_form") == FIT_FORM):
+        unsteady = unsteady_fit(profile)
+        if unsteady:
+            print(f"the saved profile cannot be trusted: {unsteady}; recalibrating (~2 min)")
+            return calibrate(loaded, dtype=dtype, verbose=False)
         moved = drift(profile, loaded)
         if moved is not None and moved <= DRIFT_TOLERANCE:
             return profile

@@ -35,8 +35,9 @@ rows of benchmarks/published_rows.json in the fit and those held out). A *calibr
 `profile.derated(compute=0.7, memory=0.85)` still scales the peaks explicitly, for what-ifs.
 
 A calibrated profile is measured for one dtype, one thread count and one attention path; its
-`provenance` dict records device, dtype, threads, torch version, model, attention path, date and fit
-errors, so a notebook can print where its simulated numbers come from.
+`provenance` dict records device, dtype, threads, torch version, model, attention path, date, fit
+errors and how steady the machine was while it was measured (`steady`), so a notebook can print where its
+simulated numbers come from, and skip the claims that rest on a fit taken on a busy machine.
 
 Lesson: lessons/01-continuous-batching.md (the cost of a step); lessons/07-tuning-knobs.md.
 """

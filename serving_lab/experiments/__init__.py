@@ -11,6 +11,7 @@ times may differ, and every table shows by how much.
 
 One module per lesson, on top of what they share:
     common.py        Sides, run_pair, rows, policy checks, drift checks, tables
+    claims.py        timing claims: asserted on a steady machine, skipped loudly on an unsteady one
     batching.py      lesson 1: the cost of a step, static vs continuous batching, load and capacity
     paged.py         lesson 2: KV arithmetic, allocators, block size, preemption by recompute or swap
     disaggregation.py  lesson 3: prefill/decode disaggregation, a real 1P+1D pair vs the simulated cluster
@@ -27,6 +28,7 @@ from serving_lab.experiments.batching import (
     step_cost,
     throughput_ratios,
 )
+from serving_lab.experiments.claims import BUSY, error_claim, fit_note, machine_note, timing_claim
 from serving_lab.experiments.common import (
     COMPARED,
     POLICY_COUNTS,
@@ -93,6 +95,11 @@ __all__ = [
     "pairs",
     "same_policy",
     "format_table",
+    "BUSY",
+    "fit_note",
+    "machine_note",
+    "timing_claim",
+    "error_claim",
     "step_cost",
     "static_vs_continuous",
     "throughput_ratios",

@@ -12,7 +12,7 @@ from ref_engine.core.config import EngineConfig
 from ref_engine.core.math_utils import cdiv
 from ref_engine.core.metrics import RunMetrics
 from ref_engine.core.workload import Workload
-from serving_lab.experiments.common import Sides, metrics_row
+from serving_lab.experiments.common import Sides, machine_slowdown, metrics_row
 from sim.cost_model import BatchShape
 from sim.simulator import Simulator
 from sim.spec_decode import AcceptanceRate, AcceptanceReplay
@@ -86,7 +86,7 @@ def speculation(prompts: list[list[int]], configs: dict[str, EngineConfig], side
 
         runs = [bench.run(workload, config, model=sides.model) for _ in range(sides.repeats)]
         measured = min(runs, key=lambda m: m.duration)
-        rows.append(metrics_row(measured, "measured", row_labels))
+        rows.append({**metrics_row(measured, "measured", row_labels), "slowdown": machine_slowdown(measured, sides)})
         rows.append(metrics_row(simulate(AcceptanceReplay(measured.steps)), "simulated", row_labels, measured))
     return rows
 

@@ -1,7 +1,15 @@
-"""Calibration on a tiny random model: the profile is saved (even when quiet), carries its drift-probe
-times, and `load_or_calibrate` reuses it only while the machine still runs the probe at the same speed."""
+"""Calibration on a tiny random model: the profile is saved with its drift-probe times and how steady the
+machine was, a fit taken on an unsteady machine is flagged, and `load_or_calibrate` reuses a saved profile
+only while it was fitted on a steady machine and the machine still runs the probe at the same speed.
+
+The tiny model's grid runs once, for real; each test then fakes the machine around those runs (the
+repeats' spread, the time our threads waited for a core), so steadiness is the test's choice, not the
+machine's."""
 
 from __future__ import annotations
+
+import time
+from dataclasses import replace
 
 import pytest
 
@@ -27,9 +35,28 @@ def tiny(make_tiny_hf_model):
 
 
 @pytest.fixture(scope="module")
-def saved(tiny):
-    """A quiet calibration of the tiny model, read back from where it was saved."""
-    profile = calibration.calibrate(tiny, verbose=False)
+def grid_runs(tiny):
+    """Every run of the calibration grid on the tiny model (two repeats of each workload)."""
+    return calibration.run_grid(tiny)
+
+
+def _machine(patch, runs, *, jitter: float = 0.0, cpu_wait_pct: float | None = 1.0) -> None:
+    """Make calibration measure `runs` with every repeat after the first `jitter` slower than the first
+    (the same runs, so the fit does not change), and this process's threads waiting for a core
+    `cpu_wait_pct` of the time they were ready to run (None: the kernel does not say)."""
+    repeats = [[replace(rs[0], duration=rs[0].duration * (1 + jitter * (i > 0))) for i in range(len(rs))]
+               for rs in runs]
+    patch.setattr(calibration, "run_grid", lambda *args, **kwargs: repeats)
+    readings = iter([(0.0, 0.0), (100.0 - cpu_wait_pct, cpu_wait_pct)] if cpu_wait_pct is not None else [None, None])
+    patch.setattr(calibration, "cpu_clock", lambda: next(readings))
+
+
+@pytest.fixture(scope="module")
+def saved(tiny, grid_runs):
+    """A calibration of the tiny model on a quiet machine, read back from where it was saved."""
+    with pytest.MonkeyPatch.context() as patch:
+        _machine(patch, grid_runs)
+        profile = calibration.calibrate(tiny, verbose=False)
     return HardwareProfile.named(profile.name)
 
 
@@ -39,6 +66,42 @@ def test_quiet_calibration_is_saved_with_its_provenance(saved, tiny):
     assert saved.provenance["fit_form"] == calibration.FIT_FORM
     assert len(saved.provenance["drift_probe_s"]) == len(calibration.DRIFT_PROBE)
     assert all(t > 0 for t in saved.provenance["drift_probe_s"])
+    assert saved.provenance["steady"] is True
+    assert saved.provenance["repeat_spread_pct"] == 0.0 and saved.provenance["cpu_wait_pct"] == 1.0
+    assert calibration.unsteady_fit(saved) is None
+
+
+@pytest.mark.parametrize("jitter, cpu_wait_pct, steady", [
+    (0.30, 1.0, False),  # load that comes and goes: repeats 30% apart
+    (0.0, 40.0, False),  # one core busy all along: every repeat alike, but our threads wait for a core
+    (0.30, None, False),  # no schedstat (not Linux): the spread alone decides
+    (0.05, 5.0, True),  # the ordinary jitter of a quiet machine
+    (0.05, None, True),
+])
+def test_calibration_records_how_steady_the_machine_was(monkeypatch, tiny, grid_runs, capsys, jitter,
+                                                        cpu_wait_pct, steady):
+    _machine(monkeypatch, grid_runs, jitter=jitter, cpu_wait_pct=cpu_wait_pct)
+    profile = calibration.calibrate(tiny, verbose=False, save=False)
+    assert profile.provenance["steady"] is steady
+    assert profile.provenance["repeat_spread_pct"] == pytest.approx(100 * jitter)
+    assert profile.provenance["cpu_wait_pct"] == cpu_wait_pct
+    out = capsys.readouterr().out
+    if steady:
+        assert calibration.unsteady_fit(profile) is None and out == ""
+    else:
+        assert "fitted on a busy machine" in calibration.unsteady_fit(profile)
+        assert out.startswith("warning: ") and "claims that rest on it are skipped" in out
+
+
+def test_cpu_clock_counts_this_process_running():
+    before = calibration.cpu_clock()
+    if before is None:
+        pytest.skip("this kernel reports no per-thread schedstat")
+    start = time.perf_counter()
+    while time.perf_counter() - start < 0.2:
+        pass
+    ran, waited = (after - b for after, b in zip(calibration.cpu_clock(), before))
+    assert ran + waited == pytest.approx(0.2, abs=0.1)
 
 
 def _probe_at(monkeypatch, saved, factor: float) -> list[str]:
@@ -64,6 +127,24 @@ def test_saved_profile_is_refit_when_the_machine_speed_moved(monkeypatch, saved,
     calibration.load_or_calibrate(tiny)
     assert log == ["recalibrated"]
     assert "20% since it was calibrated" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("recorded", ["unsteady", "not recorded"])
+def test_saved_profile_fitted_on_an_unsteady_machine_is_refit(monkeypatch, tmp_path, saved, tiny, capsys, recorded):
+    log = _probe_at(monkeypatch, saved, 1.0)  # the drift probe alone would keep it
+    provenance = dict(saved.provenance)
+    if recorded == "unsteady":
+        provenance.update(steady=False, repeat_spread_pct=30.0)
+    else:  # a profile saved before calibration recorded steadiness
+        for key in ("steady", "repeat_spread_pct", "cpu_wait_pct"):
+            del provenance[key]
+    monkeypatch.setenv("SERVING_LAB_CACHE", str(tmp_path))  # leave `saved` where it is
+    replace(saved, provenance=provenance).save()
+    calibration.load_or_calibrate(tiny)
+    assert log == ["recalibrated"]
+    out = capsys.readouterr().out
+    assert "the saved profile cannot be trusted" in out
+    assert ("fitted on a busy machine" if recorded == "unsteady" else "does not record how steady") in out
 
 
 def test_time_factor_is_the_probe_now_over_then(monkeypatch, saved, tiny):
