@@ -21,8 +21,8 @@ finished request's output carries the `kv_transfer_params`; a `"kv_consumer"` ad
 in the loop changes.
 
 Lesson: lessons/06-architecture-map.md (the engine loop); lessons/01-continuous-batching.md;
-lessons/05-speculative-decoding.md (propose and verify); lessons/03-chunked-prefill-and-disaggregation.md
-(to come: the KV connector's two roles).
+lessons/05-speculative-decoding.md (propose and verify); lessons/03-chunked-prefill-and-disaggregation.md#disaggregation
+(the KV connector's two roles).
 """
 
 from __future__ import annotations

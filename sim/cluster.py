@@ -41,7 +41,7 @@ is not modelled.
 Output: `RunMetrics` over the end-to-end requests, with every replica's steps in one log ordered by start
 time; `Cluster.simulate` also returns each replica's own metrics.
 
-Lesson: lessons/03-chunked-prefill-and-disaggregation.md (to come: colocated vs xP+yD disaggregated, the KV
+Lesson: lessons/03-chunked-prefill-and-disaggregation.md#disaggregation (colocated vs xP+yD disaggregated, the KV
 link swept); lessons/04-prefix-caching.md#tenant-isolation (why both copies carry tenant and cache_salt).
 """
 

@@ -124,8 +124,27 @@ LESSONS: tuple[PlannedLesson, ...] = (
             PlannedExercise("E02.3", "debug", "A forked sequence overwrites its parent's KV"),
         ),
     ),
-    PlannedLesson("03-chunked-prefill-and-disaggregation",
-                  "The scheduler: chunked prefill and prefill/decode disaggregation", minutes=120),
+    # Lesson 3 sections: the-stall (a long prefill stalls running decodes; Sarathi-Serve Fig 1a),
+    # token-budget-dial (TTFT vs ITL over the budget; capacity under an ITL SLO), budget-knobs (vLLM's
+    # long_prefill_token_threshold, max_num_partial_prefills; the manifest's prefill_budget_tokens,
+    # decode_batch_max_tokens), priority (priority scheduling, preemption, priority inversion), fairness (VTC,
+    # Jain's index, no banked credit), goodput, disaggregation (xP+yD, KV connectors, kv_role),
+    # kv-transfer (bytes x prompt / bandwidth), when-disaggregation-pays.
+    PlannedLesson(
+        "03-chunked-prefill-and-disaggregation",
+        "The scheduler: chunked prefill, priorities, fairness and prefill/decode disaggregation", minutes=120,
+        anchors=("you-will-learn", "the-stall", "token-budget-dial", "budget-knobs", "priority", "fairness",
+                 "goodput", "disaggregation", "kv-transfer", "when-disaggregation-pays", "exercises",
+                 "questions", "summary"),
+        notebook_anchors=("the-stall", "token-budget-dial", "capacity", "fairness", "disaggregation", "exercises"),
+        terms=("chunked-prefill", "token-budget", "prefill-stall", "itl", "ttft", "tpot", "head-of-line-blocking",
+               "priority-scheduling", "priority-inversion", "preemption", "virtual-token-counter",
+               "jains-fairness-index", "goodput", "throughput", "disaggregated-prefill", "kv-connector", "kv-role"),
+        exercises=(
+            PlannedExercise("E03.1", "implement", "Virtual token counters: who is admitted next?"),
+            PlannedExercise("E03.2", "estimate", "How long does a prompt's KV cache take to cross the link?"),
+        ),
+    ),
     # Lesson 4 sections: repeated-prefixes (system prompts, few-shot, chat history), hash-chain (block hashes,
     # extra keys, token comparison, evictable blocks), last-token-rule (at most n - 1 tokens, copy-on-write vs
     # vLLM V1's recompute), ttft-and-throughput (vLLM Fig 16 and SGLang's numbers), hit-rate (whole blocks),

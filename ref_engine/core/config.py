@@ -4,7 +4,7 @@ The same object configures the real engine and the simulator, so a sweep in a no
 and both sides see it. Defaults suit a small machine; vLLM's own defaults are noted where they differ.
 
 Lesson: lessons/07-tuning-knobs.md (what each knob trades); the prefill budgets and scheduling policies in
-lessons/03-chunked-prefill-and-disaggregation.md (to come).
+lessons/03-chunked-prefill-and-disaggregation.md#budget-knobs.
 """
 
 from __future__ import annotations

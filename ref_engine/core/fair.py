@@ -18,7 +18,7 @@ charged again, since the device computes it again.
   (the highest counter), its most recently admitted request.
 Within a tenant, requests go first come, first served, and a preempted one goes back to its tenant's head.
 
-Lesson: lessons/03-chunked-prefill-and-disaggregation.md (to come).
+Lesson: lessons/03-chunked-prefill-and-disaggregation.md#fairness.
 """
 
 from __future__ import annotations

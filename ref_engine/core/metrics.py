@@ -28,7 +28,7 @@ which the scheduling-policy numbers come (lesson 3):
 `to_dict` leaves the rows, the per-tenant table and the step log out: it stays a flat dict of numbers.
 
 Lesson: lessons/01-continuous-batching.md (measuring a server); per-tenant numbers and goodput in
-lessons/03-chunked-prefill-and-disaggregation.md (to come).
+lessons/03-chunked-prefill-and-disaggregation.md#goodput.
 """
 
 from __future__ import annotations

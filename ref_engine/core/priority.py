@@ -14,7 +14,7 @@ it is never a request already scheduled in this step. A waiting request does not
 directly (neither does vLLM V1): a higher-priority arrival waits for the next admission, and it is next
 the moment a running request runs out of blocks and the lowest priority is preempted.
 
-Lesson: lessons/03-chunked-prefill-and-disaggregation.md (to come).
+Lesson: lessons/03-chunked-prefill-and-disaggregation.md#priority.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ else (`get_request`, `finish_request`, `update_draft_token_ids`, `take_prefix_ca
 
 Lesson: lessons/01-continuous-batching.md; preemption in lessons/02-paged-attention.md; cache lookups in
 lessons/04-prefix-caching.md; speculation in lessons/05-speculative-decoding.md; prefill budgets in
-lessons/03-chunked-prefill-and-disaggregation.md (to come).
+lessons/03-chunked-prefill-and-disaggregation.md#budget-knobs.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ knob value with no edit to the core. The two knobs are two tables of that one re
 This module imports nothing, so the config can validate against the tables without importing the schedulers.
 
 Lesson: lessons/01-continuous-batching.md (continuous and static batching); scheduling policies in
-lessons/03-chunked-prefill-and-disaggregation.md (to come).
+lessons/03-chunked-prefill-and-disaggregation.md#priority.
 """
 
 from __future__ import annotations

@@ -17,8 +17,7 @@ Workloads of several senders are built by tagging each (`with_tenant`, `with_pri
 `a + b` holds the requests of both in arrival order.
 
 Lesson: lessons/01-continuous-batching.md (experiment protocol); lessons/04-prefix-caching.md (shared
-prefixes, chat rounds, tenants); scheduling policies in lessons/03-chunked-prefill-and-disaggregation.md
-(to come).
+prefixes, chat rounds, tenants); scheduling policies in lessons/03-chunked-prefill-and-disaggregation.md#fairness.
 """
 
 from __future__ import annotations

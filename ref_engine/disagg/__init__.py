@@ -1,6 +1,6 @@
 """Prefill/decode disaggregation in the real engine: two engine processes, a KV connector, a router.
 
-Lesson: lessons/03-chunked-prefill-and-disaggregation.md (to come)
+Lesson: lessons/03-chunked-prefill-and-disaggregation.md#disaggregation
 """
 
 from ref_engine.disagg.engine_process import EngineProcessError, EngineStats

@@ -11,7 +11,7 @@ A consumer (decode engine) keeps requests whose K/V has arrived but that cannot 
 pool is full) in a staging queue, in arrival order, and admits them as steps free room. Every error of one
 request (refused, its K/V failed to load) comes back as `RequestFailed`, and the loop goes on.
 
-Lesson: lessons/03-chunked-prefill-and-disaggregation.md (to come)
+Lesson: lessons/03-chunked-prefill-and-disaggregation.md#disaggregation
 """
 
 from __future__ import annotations

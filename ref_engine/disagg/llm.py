@@ -21,7 +21,7 @@ never be loaded is discarded. Blocks return to both pools; `stats()` shows it.
 Use it as a context manager (or call `close()`): it stops both processes. Engine processes are spawned,
 so a script that builds one needs the usual `if __name__ == "__main__":` guard.
 
-Lesson: lessons/03-chunked-prefill-and-disaggregation.md (to come)
+Lesson: lessons/03-chunked-prefill-and-disaggregation.md#disaggregation
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ The three stages follow each other, so they add up to the request's end-to-end l
 `Cluster` is compared on. Every time is a `time.perf_counter()` difference: one clock for every process on
 this machine.
 
-Lesson: lessons/03-chunked-prefill-and-disaggregation.md (to come)
+Lesson: lessons/03-chunked-prefill-and-disaggregation.md#disaggregation
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """KV-cache transfer between engines (vLLM's `kv_transfer`): the config and the connectors.
 
-Lesson: lessons/03-chunked-prefill-and-disaggregation.md (to come)
+Lesson: lessons/03-chunked-prefill-and-disaggregation.md#disaggregation
 """
 
 from ref_engine.kv_transfer.config import KVTransferConfig

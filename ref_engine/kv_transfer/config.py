@@ -7,7 +7,7 @@ An engine built with one is an instance of a disaggregated deployment: a prefill
 `kv_connector_module_path` the module that defines it when it is not one of ours (a test's faulty
 connector, say). Without a config (the default) the engine never touches a connector.
 
-Lesson: lessons/03-chunked-prefill-and-disaggregation.md (to come)
+Lesson: lessons/03-chunked-prefill-and-disaggregation.md#disaggregation
 """
 
 from __future__ import annotations

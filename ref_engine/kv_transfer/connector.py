@@ -12,7 +12,7 @@ A concrete connector implements the three moves on one request's blocks (`save_k
 turning a failed save into an error that fails only that request. `make_kv_connector` builds the class a
 `KVTransferConfig` names, as vLLM's connector factory does.
 
-Lesson: lessons/03-chunked-prefill-and-disaggregation.md (to come)
+Lesson: lessons/03-chunked-prefill-and-disaggregation.md#disaggregation
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ engines exits.
 Layout of a segment: `[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`, the paged cache's
 own layout (ref_engine/attention.py) for the request's blocks, stacked over layers.
 
-Lesson: lessons/03-chunked-prefill-and-disaggregation.md (to come)
+Lesson: lessons/03-chunked-prefill-and-disaggregation.md#disaggregation
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ One module per lesson, on top of what they share:
     claims.py        timing claims: asserted on a steady machine, skipped loudly on an unsteady one
     batching.py      lesson 1: the cost of a step, static vs continuous batching, load and capacity
     paged.py         lesson 2: KV arithmetic, allocators, block size, preemption by recompute or swap
+    scheduler.py     lesson 3: the prefill stall, the token-budget dial, capacity, fairness, colocated vs xP+yD
     disaggregation.py  lesson 3: prefill/decode disaggregation, a real 1P+1D pair vs the simulated cluster
     prefix.py        lesson 4: prefix caching
     speculation.py   lesson 5: speculative decoding
@@ -71,6 +72,20 @@ from serving_lab.experiments.prefix import (
     shared_prefix_ttft,
     tenant_isolation,
 )
+from serving_lab.experiments.scheduler import (
+    budget_dial,
+    capacity_vs_budget,
+    colocated_vs_disaggregated,
+    fairness_workload,
+    kv_link_sweep,
+    max_rate_within,
+    prefill_stall,
+    service_curves,
+    stall_workload,
+    tenant_fairness,
+    timelines,
+    weighted_service_ratio,
+)
 from serving_lab.experiments.speculation import (
     CHAT_TEMPLATE,
     COPY_INSTRUCTIONS,
@@ -125,6 +140,18 @@ __all__ = [
     "preemption_cost",
     "KVLink",
     "disaggregation_vs_simulated",
+    "prefill_stall",
+    "stall_workload",
+    "timelines",
+    "budget_dial",
+    "capacity_vs_budget",
+    "fairness_workload",
+    "tenant_fairness",
+    "service_curves",
+    "weighted_service_ratio",
+    "colocated_vs_disaggregated",
+    "max_rate_within",
+    "kv_link_sweep",
     "shared_prefix_ttft",
     "hit_rate_sweep",
     "eviction_sweep",

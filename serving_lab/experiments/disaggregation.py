@@ -11,7 +11,7 @@ next to a real network; the simulated TTFT then hinges on the step times the pro
 busy machine (other processes on the cores) stretches. Each engine runs one torch thread, so a profile
 calibrated with more threads prices its steps too fast.
 
-Lesson: lessons/03-chunked-prefill-and-disaggregation.md (to come)
+Lesson: lessons/03-chunked-prefill-and-disaggregation.md#disaggregation
 """
 
 from __future__ import annotations

@@ -1,0 +1,270 @@
+"""Lesson 3's scheduler experiments: the prefill stall, the token-budget dial, capacity under an ITL SLO,
+fairness between tenants, and colocated vs disaggregated serving on a simulated GPU cluster.
+
+- `prefill_stall`: a few requests are decoding when one long prompt arrives. Unchunked, its whole prefill
+  is one step and every running decode waits for it (Sarathi-Serve, OSDI'24, Fig 1a); chunked under a
+  token budget, the decodes keep getting a token every step. Rows per budget and side with the decodes'
+  median and largest inter-token gap and the long prompt's TTFT; `timelines` gives the per-token times.
+- `budget_dial`: TTFT against ITL (p50, p99) over token budgets, on both sides; arrivals all at once, so
+  the step composition is decided by the core alone and identical on both sides.
+- `capacity_vs_budget`: simulated only, a GPU profile: the highest Poisson rate that keeps p99 ITL within
+  an SLO and the median queueing delay under a bound (Sarathi-Serve's definition of capacity), per budget.
+- `tenant_fairness`: a flooding tenant and a light one under "fcfs", "priority" and "fair"; per-tenant
+  service over time (`service_curves`), the light tenant's TTFT, Jain's index, throughput.
+- `colocated_vs_disaggregated`: simulated `Cluster` goodput under TTFT and TPOT SLOs (DistServe, OSDI'24),
+  for colocated replicas and xP+yD on the same number of GPUs, over a rate sweep and a KV-link sweep.
+
+Rows are plain dicts as everywhere in `serving_lab.experiments` (side "measured" | "simulated", `*_err_pct`
+on simulated rows); the real 1P+1D engine is `disaggregation_vs_simulated` in disaggregation.py.
+
+Lesson: lessons/03-chunked-prefill-and-disaggregation.md#the-stall
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from statistics import median
+from typing import Any
+
+from ref_engine.core.config import EngineConfig
+from ref_engine.core.metrics import RunMetrics, relative_error
+from ref_engine.core.workload import Workload, WorkloadRequest
+from serving_lab.experiments.common import Job, Sides, paired_rows, same_policy
+from sim.cluster import Cluster
+
+UNCHUNKED = None  # the budget label of a run without chunked prefill
+
+
+def _budget_config(budget: int | None, longest_prompt: int, **knobs: Any) -> EngineConfig:
+    """`budget` tokens per step with chunked prefill; None: no chunking, `max_model_len` = the budget =
+    the longest prompt plus 512 (vLLM without chunked prefill needs a budget of at least max_model_len)."""
+    if budget is None:
+        length = longest_prompt + 512
+        return EngineConfig(enable_chunked_prefill=False, max_num_batched_tokens=length, max_model_len=length,
+                            **knobs)
+    return EngineConfig(max_num_batched_tokens=budget, **knobs)
+
+
+def _gaps(metrics: RunMetrics, ids: Iterable[str]) -> list[float]:
+    wanted = set(ids)
+    return [b - a for r in metrics.requests if r.request_id in wanted
+            for a, b in zip(r.token_times, r.token_times[1:])]
+
+
+def stall_workload(num_decodes: int = 4, decode_prompt_len: int = 32, decode_output_len: int = 48,
+                   long_prompt_len: int = 512, long_arrival_s: float = 0.2) -> Workload:
+    """`num_decodes` short requests at time 0 (ids "0".."n-1"), then one long prompt (the last id) at
+    `long_arrival_s`, while they decode."""
+    short = tuple(WorkloadRequest(0.0, decode_prompt_len, decode_output_len) for _ in range(num_decodes))
+    long = WorkloadRequest(long_arrival_s, long_prompt_len, 4)
+    return Workload(short + (long,), seed=0, name="stall")
+
+
+def prefill_stall(budgets: Sequence[int | None], sides: Sides, *, num_decodes: int = 4,
+                  decode_prompt_len: int = 32, decode_output_len: int = 48, long_prompt_len: int = 512,
+                  arrival_after_steps: int = 8) -> list[dict[str, Any]]:
+    """The stall: decodes running when a long prompt arrives, for each budget (None: unchunked).
+
+    The long prompt arrives when, by the simulator's clock, the decodes have had `arrival_after_steps`
+    steps; on the engine that is wall-clock time, so the step it joins may differ by one or two between
+    the sides (the arrival depends on timing) and the times, not the step counts, are compared. Rows add
+    `decode_p50_itl_ms`, `decode_max_itl_ms` (the stall), `long_ttft_ms` and `max_step_tokens`, with
+    `*_err_pct` on simulated rows; `metrics` holds the `RunMetrics` for `timelines`."""
+    probe = stall_workload(num_decodes, decode_prompt_len, decode_output_len, long_prompt_len, 1e9)
+    probe_run = sides.simulator(_budget_config(256, long_prompt_len)).run(probe)
+    arrival = probe_run.steps[min(arrival_after_steps, len(probe_run.steps) - 1)].start
+    workload = stall_workload(num_decodes, decode_prompt_len, decode_output_len, long_prompt_len, arrival)
+    jobs = [Job(workload, _budget_config(b, long_prompt_len), {"budget": b if b is not None else "unchunked"})
+            for b in budgets]
+    rows = paired_rows(jobs, sides)
+    decode_ids = [str(i) for i in range(num_decodes)]
+    long_id = str(num_decodes)
+    measured: dict[Any, dict[str, Any]] = {}
+    for row in rows:
+        m: RunMetrics = row["metrics"]
+        gaps = _gaps(m, decode_ids)
+        long = next(r for r in m.requests if r.request_id == long_id)
+        row.update(long_arrival_s=arrival, decode_p50_itl_ms=1000 * median(gaps), decode_max_itl_ms=1000 * max(gaps),
+                   long_ttft_ms=1000 * long.ttft, max_step_tokens=max(s.num_tokens for s in m.steps))
+        if row["side"] == "measured":
+            measured[row["budget"]] = row
+        elif row["budget"] in measured:
+            for key in ("decode_p50_itl_ms", "decode_max_itl_ms", "long_ttft_ms"):
+                row[f"{key}_err_pct"] = relative_error(row[key], measured[row["budget"]][key])
+    return rows
+
+
+def timelines(metrics: RunMetrics) -> dict[str, tuple[float, ...]]:
+    """Each request's output-token times (seconds on the run's clock), by request id."""
+    return {r.request_id: r.token_times for r in metrics.requests}
+
+
+def budget_dial(budgets: Sequence[int], sides: Sides, *, num_requests: int = 6, prompt_len: int = 192,
+                output_len: int = 16, seed: int = 0) -> list[dict[str, Any]]:
+    """TTFT against ITL over token budgets: `num_requests` prompts arriving at once, `max_num_batched_tokens`
+    = budget with chunked prefill. A small budget interleaves small prompt chunks with the decodes (smooth
+    ITL, late first tokens); a big one prefills several prompts in one long step that the decodes already
+    running wait for (early first tokens, an ITL spike). All arrive at time 0, so the core decides the very
+    same steps on both sides: simulated rows carry `same_policy`."""
+    workload = Workload.synthetic(num_requests, prompt_len, output_len, seed=seed, name="dial")
+    jobs = [Job(workload, EngineConfig(max_num_batched_tokens=b), {"budget": b}) for b in budgets]
+    rows = paired_rows(jobs, sides)
+    previous: dict[str, Any] | None = None
+    for row in rows:
+        if row["side"] == "measured":
+            previous = row
+            continue
+        if previous is not None and previous["budget"] == row["budget"]:
+            row["same_policy"] = same_policy(previous["metrics"], row["metrics"])
+            for key in ("p99_itl_ms", "median_itl_ms", "p99_ttft_ms"):
+                row[f"{key}_err_pct"] = relative_error(row[key], previous[key])
+    return rows
+
+
+def capacity_vs_budget(budgets: Sequence[int | None], sides: Sides, rates: Sequence[float], *,
+                       itl_slo_ms: float, max_median_queue_ms: float = 2000.0, num_requests: int = 150,
+                       prompt_len: Any = (256, 2048), output_len: Any = (64, 256), seed: int = 0
+                       ) -> list[dict[str, Any]]:
+    """Simulated: for each budget (None: unchunked) and Poisson rate, p99 ITL, median queueing delay and
+    whether the run meets the SLO (p99 ITL <= `itl_slo_ms` and median queue <= `max_median_queue_ms`, as
+    Sarathi-Serve defines capacity). `capacity` per budget is the highest rate that meets it (0 if none)
+    with every lower rate also meeting it."""
+    longest = prompt_len[1] if isinstance(prompt_len, tuple) else int(prompt_len)
+    rows = []
+    for budget in budgets:
+        config = _budget_config(budget, longest, max_num_seqs=256)
+        simulator = sides.simulator(config)
+        ok_so_far, capacity = True, 0.0
+        points = []
+        for rate in sorted(rates):
+            workload = Workload.synthetic(num_requests, prompt_len, output_len, arrival=rate, seed=seed)
+            m = simulator.run(workload)
+            queue = median(r.first_scheduled_time - r.arrival_time for r in m.requests if r.finished)
+            meets = m.p99_itl_ms <= itl_slo_ms and 1000 * queue <= max_median_queue_ms and m.failed == 0
+            ok_so_far = ok_so_far and meets
+            if ok_so_far:
+                capacity = rate
+            points.append({"budget": budget if budget is not None else "unchunked", "rate": rate,
+                           "p99_itl_ms": m.p99_itl_ms, "median_queue_ms": 1000 * queue,
+                           "p99_ttft_ms": m.p99_ttft_ms, "output_throughput": m.output_throughput,
+                           "meets_slo": meets})
+        rows += [{**p, "capacity": capacity} for p in points]
+    return rows
+
+
+def fairness_workload(heavy: int = 16, light: int = 4, prompt_len: int = 64, output_len: int = 16,
+                      heavy_first: bool = True) -> Workload:
+    """Tenant "heavy" floods `heavy` requests, tenant "light" sends `light`; all arrive at time 0, the
+    heavy tenant's first in the queue (priority: heavy 1, light 0, so "priority" serves light first)."""
+    flood = Workload.synthetic(heavy, prompt_len, output_len, seed=1, name="heavy").with_tenant("heavy")
+    flood = flood.with_priority(1)
+    trickle = Workload.synthetic(light, prompt_len, output_len, seed=2, name="light").with_tenant("light")
+    return flood + trickle if heavy_first else trickle + flood
+
+
+def tenant_fairness(policies: Sequence[str], sides: Sides, *, workload: Workload | None = None,
+                    max_num_seqs: int = 4, tenant_weights: dict[str, float] | None = None,
+                    max_num_batched_tokens: int = 256) -> list[dict[str, Any]]:
+    """The same two-tenant workload under each scheduling policy. Rows add `light_mean_ttft_ms`,
+    `heavy_mean_ttft_ms`, `jain` (Jain's index of the weighted service, over the time both tenants had
+    completed requests) and, on simulated rows with a measured twin, `same_policy` (arrivals all at once:
+    the core's decisions are identical on both sides)."""
+    workload = workload or fairness_workload()
+    weights = tuple(sorted(tenant_weights.items())) if tenant_weights else None
+    jobs = [Job(workload, EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                       scheduling_policy=p, tenant_weights=weights if p == "fair" else None),
+                {"policy": p}) for p in policies]
+    rows = paired_rows(jobs, sides)
+    previous: dict[str, Any] | None = None
+    for row in rows:
+        m: RunMetrics = row["metrics"]
+        row.update({f"{t}_mean_ttft_ms": s.mean_ttft_ms for t, s in m.per_tenant.items()},
+                   jain=m.jain_fairness(tenant_weights))
+        if row["side"] == "measured":
+            previous = row
+        elif previous is not None and previous["policy"] == row["policy"]:
+            row["same_policy"] = same_policy(previous["metrics"], row["metrics"])
+    return rows
+
+
+def service_curves(metrics: RunMetrics, points: int = 50) -> dict[str, list[tuple[float, int]]]:
+    """Per tenant, (time, tokens served by then): prompt tokens once the first token is out, plus output
+    tokens (`RequestRecord.tokens_served_by`), at `points` times over the run."""
+    end = max(r.finish_time for r in metrics.requests if r.finished)
+    times = [end * i / (points - 1) for i in range(points)]
+    tenants = sorted({r.tenant or "default" for r in metrics.requests})
+    return {t: [(x, sum(r.tokens_served_by(x) for r in metrics.requests if (r.tenant or "default") == t))
+                for x in times] for t in tenants}
+
+
+def weighted_service_ratio(metrics: RunMetrics, a: str, b: str) -> float:
+    """Tokens served to tenant `b` over tokens served to `a`, at the moment the first of the two tenants
+    finished its last request (while both were backlogged, up to the end of the shorter one)."""
+    until = min(s.last_finish_time for t, s in metrics.per_tenant.items() if t in (a, b))
+    served = {t: sum(r.tokens_served_by(until) for r in metrics.requests if (r.tenant or "default") == t)
+              for t in (a, b)}
+    return served[b] / served[a]
+
+
+def colocated_vs_disaggregated(sides: Sides, rates: Sequence[float], *, layouts: Sequence[tuple[int, int]] = ((1, 1),),
+                               num_gpus: int = 2, ttft_slo_ms: float = 400.0, tpot_slo_ms: float = 40.0,
+                               num_requests: int = 200, prompt_len: Any = 512, output_len: Any = 64,
+                               kv_link_bandwidth: float | None = None, config: EngineConfig | None = None,
+                               seed: int = 0) -> list[dict[str, Any]]:
+    """Simulated: `num_gpus` colocated replicas vs each (x prefill, y decode) layout with x + y = num_gpus,
+    at each Poisson rate. Rows: layout, rate, goodput (requests/s completed within both SLOs, DistServe's
+    definition), `goodput_per_gpu`, SLO attainment, p90 TTFT and mean TPOT. DistServe's Fig 1 workload is
+    512-token prompts and 64-token outputs."""
+    config = config or EngineConfig(max_num_batched_tokens=2048, max_num_seqs=256)
+    rows = []
+    for rate in rates:
+        workload = Workload.synthetic(num_requests, prompt_len, output_len, arrival=rate, seed=seed)
+        setups = [("colocated", Cluster(sides.simulated_arch(), sides.hardware, config, num_replicas=num_gpus,
+                                        router="least_loaded", dtype=sides.dtype))]
+        for x, y in layouts:
+            setups.append((f"{x}P+{y}D", Cluster(sides.simulated_arch(), sides.hardware, config,
+                                                 num_prefill_replicas=x, num_decode_replicas=y,
+                                                 router="least_loaded", kv_link_bandwidth=kv_link_bandwidth,
+                                                 dtype=sides.dtype)))
+        for name, cluster in setups:
+            m = cluster.run(workload)
+            gpus = num_gpus if name == "colocated" else sum(int(p[:-1]) for p in name.split("+"))
+            goodput = m.goodput(ttft_slo_ms, tpot_slo_ms)
+            rows.append({"layout": name, "rate": rate, "gpus": gpus, "goodput": goodput,
+                         "goodput_per_gpu": goodput / gpus, "slo_attainment": m.slo_attainment(ttft_slo_ms, tpot_slo_ms),
+                         "p90_ttft_ms": m.p90_ttft_ms, "mean_tpot_ms": m.mean_tpot_ms,
+                         "output_throughput": m.output_throughput})
+    return rows
+
+
+def max_rate_within(rows: Iterable[dict[str, Any]], layout: str, attainment: float = 0.9) -> float:
+    """The highest rate at which `layout` kept `attainment` of requests within both SLOs, with every
+    lower rate also keeping it (DistServe's per-GPU goodput reads off the same curve); 0 if none."""
+    best = 0.0
+    for row in sorted((r for r in rows if r["layout"] == layout), key=lambda r: r["rate"]):
+        if row["slo_attainment"] < attainment:
+            break
+        best = row["rate"]
+    return best
+
+
+def kv_link_sweep(sides: Sides, bandwidths: dict[str, float], *, rate: float, prompt_len: int = 512,
+                  output_len: int = 64, num_requests: int = 200, ttft_slo_ms: float = 400.0,
+                  tpot_slo_ms: float = 40.0, config: EngineConfig | None = None, seed: int = 0
+                  ) -> list[dict[str, Any]]:
+    """Simulated 1P+1D at one rate, with the KV link swept (name -> bytes/s): the transfer time of one
+    prompt (`CostModel.kv_transfer_time`), mean and p90 TTFT, SLO attainment and goodput."""
+    config = config or EngineConfig(max_num_batched_tokens=2048, max_num_seqs=256)
+    workload = Workload.synthetic(num_requests, prompt_len, output_len, arrival=rate, seed=seed)
+    rows = []
+    for name, bandwidth in bandwidths.items():
+        cluster = Cluster(sides.simulated_arch(), sides.hardware, config, num_prefill_replicas=1,
+                          num_decode_replicas=1, kv_link_bandwidth=bandwidth, dtype=sides.dtype)
+        transfer = cluster.simulator.cost_model.kv_transfer_time(prompt_len)
+        m = cluster.run(workload)
+        rows.append({"link": name, "gb_per_s": bandwidth / 1e9, "transfer_ms": 1000 * transfer,
+                     "mean_ttft_ms": m.mean_ttft_ms, "p90_ttft_ms": m.p90_ttft_ms,
+                     "slo_attainment": m.slo_attainment(ttft_slo_ms, tpot_slo_ms),
+                     "goodput": m.goodput(ttft_slo_ms, tpot_slo_ms)})
+    return rows
+
