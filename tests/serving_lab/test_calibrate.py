@@ -101,7 +101,7 @@ def test_cpu_clock_counts_this_process_running():
     while time.perf_counter() - start < 0.2:
         pass
     ran, waited = (after - b for after, b in zip(calibration.cpu_clock(), before))
-    assert ran + waited == pytest.approx(0.2, abs=0.1)
+    assert ran + waited >= 0.15 and waited >= 0  # this thread was ready to run all along (other threads add)
 
 
 def _probe_at(monkeypatch, saved, factor: float) -> list[str]:
