@@ -35,7 +35,8 @@ import datetime
 import math
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -254,33 +255,37 @@ def fit_profile(arch: ArchConfig, steps: list[tuple[str, StepRecord]], *, dtype:
 
 
 def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: str = "float32",
-              save: bool = True, seed: int = 0, verbose: bool = True) -> HardwareProfile:
+              save: bool = True, seed: int = 0, verbose: bool = True, threads: int | None = None) -> HardwareProfile:
     """Measure this machine with the real engine and return (and by default save) its fitted profile.
 
     `model`: a path, None for the default SmolLM2, or a `LoadedModel`. `config` only contributes its
-    `block_size` (the grid sets the other knobs per point)."""
+    `block_size` (the grid sets the other knobs per point). `threads`: measure on that many torch threads
+    (the count is restored after) and name the profile for them, so it is saved beside the default one
+    (`calibrated_profile_name`); None: the threads as they are, the default name."""
     import torch
 
     from ref_engine.model.loader import LoadedModel, load_model
 
     loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype)
     block_size = (config or EngineConfig()).block_size
-    cpu_before = cpu_clock()
-    runs = run_grid(loaded, seed)
-    steadiness_fields = steadiness(runs, cpu_before, cpu_clock())
+    with torch_threads(threads):
+        cpu_before = cpu_clock()
+        runs = run_grid(loaded, seed)
+        steadiness_fields = steadiness(runs, cpu_before, cpu_clock())
+        bandwidth = measure_copy_bandwidth()
+        num_threads = torch.get_num_threads()
     fastest = fastest_runs(runs)
     steps = [(kind, step) for (kind, *_), run in zip(CALIBRATION_GRID, fastest) for step in run.steps]
-    bandwidth = measure_copy_bandwidth()
     device = next(loaded.model.parameters()).device
     provenance = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
-        "device_type": device.type, "dtype": dtype, "threads": torch.get_num_threads(),
+        "device_type": device.type, "dtype": dtype, "threads": num_threads,
         "torch": torch.__version__, "model": loaded.model_id, "attention": "ref_engine pure-torch paged attention",
         "block_size": block_size, "date": datetime.date.today().isoformat(), "fit_form": FIT_FORM,
         **steadiness_fields,
     }
     profile, points = fit_profile(loaded.arch, steps, dtype=dtype, memory_bandwidth=bandwidth, block_size=block_size,
-                                  name=calibrated_profile_name(device.type, dtype), provenance=provenance)
+                                  name=calibrated_profile_name(device.type, dtype, threads), provenance=provenance)
     if verbose:
         print(format_fit(points))
         print(f"mean |error| {profile.provenance['fit_mean_abs_error_pct']}%, "
@@ -327,7 +332,7 @@ def time_factor(profile: HardwareProfile, loaded: Any) -> float:
     return math.prod(ratios) ** (1 / len(ratios))
 
 
-def load_or_calibrate(model: Any = None, *, dtype: str = "float32") -> HardwareProfile:
+def load_or_calibrate(model: Any = None, *, dtype: str = "float32", threads: int | None = None) -> HardwareProfile:
     """The saved profile for this device and dtype, if it was measured on the same model and torch, fitted
     to today's form of the cost model on a steady machine (`unsteady_fit`), and the machine still runs the
     drift probe within `DRIFT_TOLERANCE` of calibration time (a few seconds to check); else a fresh
@@ -336,7 +341,10 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32") -> HardwareP
     Notebooks call this: the first one on a machine pays ~2 minutes. The probe is there because a shared
     machine's speed drifts by tens of percent over an hour, and a profile from a faster or slower hour
     makes every simulated-vs-measured comparison wrong by that much. A fit taken on a busy machine is
-    wrong whatever the probe says, hence the steadiness check first."""
+    wrong whatever the probe says, hence the steadiness check first.
+
+    `threads`: the profile for that many torch threads (probed and calibrated on them, kept under a name
+    of its own, see `calibrate`); the engines of a 1P+1D pair run one thread each."""
     import torch
 
     from ref_engine.model.loader import LoadedModel, load_model
@@ -344,7 +352,7 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32") -> HardwareP
     loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype)
     device_type = next(loaded.model.parameters()).device.type
     try:
-        profile = HardwareProfile.named(calibrated_profile_name(device_type, dtype))
+        profile = HardwareProfile.named(calibrated_profile_name(device_type, dtype, threads))
     except ValueError:
         profile = None
     if (profile is not None and profile.provenance.get("model") == loaded.model_id
@@ -353,17 +361,36 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32") -> HardwareP
         unsteady = unsteady_fit(profile)
         if unsteady:
             print(f"the saved profile cannot be trusted: {unsteady}; recalibrating (~2 min)")
-            return calibrate(loaded, dtype=dtype, verbose=False)
-        moved = drift(profile, loaded)
+            return calibrate(loaded, dtype=dtype, verbose=False, threads=threads)
+        with torch_threads(threads):
+            moved = drift(profile, loaded)
         if moved is not None and moved <= DRIFT_TOLERANCE:
             return profile
         print("the saved profile is stale: " + ("it has no drift probe times" if moved is None else
               f"this machine's speed moved {100 * moved:.0f}% since it was calibrated") + "; recalibrating (~2 min)")
-    return calibrate(loaded, dtype=dtype, verbose=False)
+    return calibrate(loaded, dtype=dtype, verbose=False, threads=threads)
 
 
-def calibrated_profile_name(device_type: str, dtype: str) -> str:
-    return f"calibrated-{device_type}-{dtype}"
+def calibrated_profile_name(device_type: str, dtype: str, threads: int | None = None) -> str:
+    """The saved profile's name: "calibrated-cpu-float32", or "calibrated-cpu-float32-1-threads" for one
+    calibrated on a chosen thread count."""
+    return f"calibrated-{device_type}-{dtype}" + (f"-{threads}-threads" if threads is not None else "")
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block on `threads` torch threads (None: as they are), restoring the count after."""
+    import torch
+
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def format_fit(points: list[CalibrationPoint]) -> str:

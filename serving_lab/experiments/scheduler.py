@@ -23,7 +23,7 @@ Lesson: lessons/03-chunked-prefill-and-disaggregation.md#the-stall
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from statistics import median
+from statistics import median, quantiles
 from typing import Any
 
 from ref_engine.core.config import EngineConfig
@@ -68,8 +68,9 @@ def prefill_stall(budgets: Sequence[int | None], sides: Sides, *, num_decodes: i
     The long prompt arrives when, by the simulator's clock, the decodes have had `arrival_after_steps`
     steps; on the engine that is wall-clock time, so the step it joins may differ by one or two between
     the sides (the arrival depends on timing) and the times, not the step counts, are compared. Rows add
-    `decode_p50_itl_ms`, `decode_max_itl_ms` (the stall), `long_ttft_ms` and `max_step_tokens`, with
-    `*_err_pct` on simulated rows; `metrics` holds the `RunMetrics` for `timelines`."""
+    `decode_p50_itl_ms`, `decode_p99_itl_ms` (linear interpolation, as `RunMetrics`), `decode_max_itl_ms`
+    (the stall), `long_ttft_ms` and `max_step_tokens`, with `*_err_pct` on simulated rows; `metrics` holds
+    the `RunMetrics` for `timelines`."""
     probe = stall_workload(num_decodes, decode_prompt_len, decode_output_len, long_prompt_len, 1e9)
     probe_run = sides.simulator(_budget_config(256, long_prompt_len)).run(probe)
     arrival = probe_run.steps[min(arrival_after_steps, len(probe_run.steps) - 1)].start
@@ -84,12 +85,14 @@ def prefill_stall(budgets: Sequence[int | None], sides: Sides, *, num_decodes: i
         m: RunMetrics = row["metrics"]
         gaps = _gaps(m, decode_ids)
         long = next(r for r in m.requests if r.request_id == long_id)
-        row.update(long_arrival_s=arrival, decode_p50_itl_ms=1000 * median(gaps), decode_max_itl_ms=1000 * max(gaps),
-                   long_ttft_ms=1000 * long.ttft, max_step_tokens=max(s.num_tokens for s in m.steps))
+        row.update(long_arrival_s=arrival, decode_p50_itl_ms=1000 * median(gaps),
+                   decode_p99_itl_ms=1000 * quantiles(gaps, n=100, method="inclusive")[98],
+                   decode_max_itl_ms=1000 * max(gaps), long_ttft_ms=1000 * long.ttft,
+                   max_step_tokens=max(s.num_tokens for s in m.steps))
         if row["side"] == "measured":
             measured[row["budget"]] = row
         elif row["budget"] in measured:
-            for key in ("decode_p50_itl_ms", "decode_max_itl_ms", "long_ttft_ms"):
+            for key in ("decode_p50_itl_ms", "decode_p99_itl_ms", "decode_max_itl_ms", "long_ttft_ms"):
                 row[f"{key}_err_pct"] = relative_error(row[key], measured[row["budget"]][key])
     return rows
 

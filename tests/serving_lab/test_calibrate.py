@@ -152,3 +152,29 @@ def test_time_factor_is_the_probe_now_over_then(monkeypatch, saved, tiny):
     assert calibration.time_factor(saved, tiny) == pytest.approx(1.2)
     with pytest.raises(ValueError, match="no drift probe times"):
         calibration.time_factor(HardwareProfile.named("local-cpu"), tiny)
+
+
+def test_a_profile_for_one_thread_is_measured_on_it_and_kept_beside_the_default(monkeypatch, tmp_path, saved, tiny,
+                                                                                 grid_runs):
+    import torch
+
+    monkeypatch.setenv("SERVING_LAB_CACHE", str(tmp_path))
+    saved.save()  # the default profile, which a one-thread request must neither reuse nor overwrite
+    _machine(monkeypatch, grid_runs)
+    grid, threads_seen = calibration.run_grid, []
+    monkeypatch.setattr(calibration, "run_grid", lambda *a, **k: threads_seen.append(torch.get_num_threads()) or grid(*a, **k))
+    monkeypatch.setattr(calibration, "time_drift_probe", lambda loaded, seed=0: threads_seen.append(
+        torch.get_num_threads()) or list(one.provenance["drift_probe_s"]))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        one = calibration.load_or_calibrate(tiny, threads=1)
+        assert threads_seen == [1] and torch.get_num_threads() == 2  # the grid ran on one thread, then restored
+        assert one.name == "calibrated-cpu-float32-1-threads" and one.provenance["threads"] == 1
+        assert HardwareProfile.named(saved.name) == saved and HardwareProfile.named(one.name) == one
+        assert calibration.load_or_calibrate(tiny, threads=1) == one  # reused: probed on one thread, no new grid
+        assert threads_seen == [1, 1]
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="threads must be at least 1, got 0"):
+        calibration.load_or_calibrate(tiny, threads=0)

@@ -33,3 +33,7 @@ def test_measured_pair_beside_the_simulated_cluster(make_tiny_hf_model):
     assert measured["kv_link_gb_per_s"] > 0 and measured["transfer_bytes"] > 0
     for key in ("mean_ttft_ms", "mean_itl_ms"):
         assert measured[key] > 0 and simulated[key] > 0 and math.isfinite(simulated[f"{key}_err_pct"])
+    # the simulator moves every prompt token's K/V (float32), the engine all but the last, in whole blocks
+    assert simulated["transfer_bytes"] == sum(len(p) for p in prompts) * arch.kv_bytes_per_token(4)
+    assert measured["transfer_bytes"] == sum(-(-(len(p) - 1) // 16) * 16 for p in prompts) * arch.kv_bytes_per_token(4)
+    assert simulated["mean_transfer_ms"] > 0
