@@ -253,12 +253,27 @@ OVERRIDE_FLAGS = {
 }
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error: plain YAML keeps the
+    last one, so a pasted-in second `max_num_seqs:` would silently win."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_manifest(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Manifest:
     """Read and validate a manifest file; `overrides` maps dotted keys to values that replace the file's
     (the command line's flags). Any problem is one `ManifestError` naming the file and the keys."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        with path.open(encoding="utf-8") as stream:  # a stream, so YAML's errors name the file and line
+            data = yaml.load(stream, Loader=_UniqueKeyLoader)
     except OSError as error:
         raise ManifestError(f"{path}: cannot read the manifest ({error.strerror})") from None
     except yaml.YAMLError as error:

@@ -141,6 +141,7 @@ def test_engine_config_refusals_name_the_manifest_key():
 @pytest.mark.parametrize("text, expected", [
     ("engine: [unclosed", "not valid YAML"),
     ("- service: a list, not a mapping", "a manifest is a mapping of sections"),
+    ("service: a\nengine:\n  model: x\n  model: y\n", "(?s)duplicate key 'model'.*line 4"),
 ])
 def test_a_file_that_is_no_manifest_says_so(tmp_path, text, expected):
     path = tmp_path / "manifest.yaml"
