@@ -309,6 +309,8 @@ def _describe(error: Mapping[str, Any]) -> str:
         return f"{key}: unknown key; allowed here: {', '.join(_section_of(loc[:-1]).model_fields)}"
     if kind == "missing":
         return f"{key}: missing (required)"
+    if kind == "model_type":  # a section given as a scalar or a list
+        return f"{key}: expected a section (keys: {', '.join(_section_of(loc).model_fields)}), got {error['input']!r}"
     if kind == "literal_error":
         return f"{key}: got {error['input']!r}; allowed: {error['ctx']['expected']}"
     return f"{key}: {error['msg']}, got {error['input']!r}"

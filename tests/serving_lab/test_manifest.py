@@ -106,6 +106,7 @@ def test_each_section_maps_onto_its_engine_knob(overrides, knobs):
     (lambda m: m["metrics"].append("gpu_temperature"), ["metrics[6]: got 'gpu_temperature'", "'kv_cache_utilization'"]),
     (lambda m: m["metrics"].append("inter_token_latency"), ["metrics", "repeated: inter_token_latency"]),
     (lambda m: m.pop("scheduler"), ["scheduler: missing"]),
+    (lambda m: m.update(cache=16), ["cache: expected a section (keys: block_size_tokens,", "got 16"]),
 ])
 def test_a_bad_manifest_fails_with_one_error_naming_the_key(tmp_path, change, expected):
     data = example()
@@ -220,7 +221,7 @@ def test_simulate_config_runs_a_small_workload_and_prints_the_manifest_metrics(c
     assert "Llama-3.1-8B on H100-SXM (tensor_parallel_size=2)" in tp2
 
 
-def test_simulate_speculation_needs_an_acceptance_rate(capsys):
+def test_simulate_speculation_needs_an_acceptance_rate(tmp_path, capsys):
     argv = ["simulate", "--config", str(EXAMPLE_MANIFEST), "--workload", "synthetic:2:32:8", "--hardware",
             "local-cpu", "--num-speculative-tokens", "3"]
     with pytest.raises(SystemExit):  # speculative_tokens alone: the draft_model is missing
@@ -230,6 +231,11 @@ def test_simulate_speculation_needs_an_acceptance_rate(capsys):
         cli.main(["simulate", "--config", str(EXAMPLE_MANIFEST), "--workload", "synthetic:2:32:8",
                   "--hardware", "local-cpu", "--acceptance-rate", "0.5"])
     assert "--acceptance-rate A" in capsys.readouterr().err
+    speculating = write(tmp_path, with_values(
+        {"optional.speculative_decoding": {"draft_model": "self:8", "speculative_tokens": 3}}))
+    out = run_cli(["simulate", "--config", str(speculating), "--workload", "synthetic:2:32:8", "--hardware",
+                   "local-cpu", "--acceptance-rate", "0.7"], capsys)
+    assert "2 completed, 0 failed" in out
 
 
 @pytest.mark.parametrize("spec, error", [
