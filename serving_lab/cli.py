@@ -1,4 +1,4 @@
-"""`serving-lab`: the command line (pull the default model, generate, run the demo, calibrate).
+"""`serving-lab`: the command line (pull the default model, generate, demo, calibrate, manifest, simulate).
 
 Lesson: lessons/00-orientation.md (how to run).
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
 def _pull(args: argparse.Namespace) -> None:
@@ -40,6 +41,61 @@ def _demo(args: argparse.Namespace) -> None:
     demo_main(out_dir=args.out, model=args.model)
 
 
+def _add_override_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that override a manifest's keys; each value is read as YAML, as the file's would be."""
+    import yaml
+
+    from serving_lab.manifest import OVERRIDE_FLAGS
+
+    group = parser.add_argument_group("manifest overrides (a flag wins over the file)")
+    for flag, key in OVERRIDE_FLAGS.items():
+        group.add_argument(flag, type=yaml.safe_load, default=argparse.SUPPRESS, metavar="VALUE", help=key)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    from serving_lab.manifest import OVERRIDE_FLAGS
+
+    given = vars(args)
+    return {key: given[dest] for flag, key in OVERRIDE_FLAGS.items()
+            if (dest := flag.removeprefix("--").replace("-", "_")) in given}
+
+
+def _manifest(args: argparse.Namespace) -> None:
+    from serving_lab.manifest import load_manifest
+    from serving_lab.vllm_command import vllm_serve_command
+
+    print(vllm_serve_command(load_manifest(args.to_vllm, _overrides(args))))
+
+
+def _simulate(args: argparse.Namespace) -> None:
+    from serving_lab.manifest import MANIFEST_METRICS, load_manifest, naming_keys
+    from serving_lab.workload_spec import parse_workload
+    from sim.simulator import Simulator, resolve_hardware
+    from sim.spec_decode import AcceptanceRate
+
+    manifest = load_manifest(args.config, _overrides(args))
+    workload = parse_workload(args.workload)
+    hardware = resolve_hardware(args.hardware)
+    speculating = manifest.optional.speculative_decoding is not None
+    if speculating != (args.acceptance_rate is not None):
+        raise ValueError("--acceptance-rate A (the share of draft tokens accepted) goes with "
+                         "optional.speculative_decoding, and the simulator needs it there; got "
+                         f"speculative_decoding={'set' if speculating else 'null'} and "
+                         f"--acceptance-rate={args.acceptance_rate}")
+    acceptance = AcceptanceRate((args.acceptance_rate,)) if speculating else None
+    with naming_keys():
+        simulator = Simulator(hardware=hardware, acceptance=acceptance, **manifest.simulator_kwargs())
+        run = simulator.run(workload)
+    print(f"{manifest.service}: {simulator.arch.name} on {hardware.name} "
+          f"(tensor_parallel_size={simulator.tensor_parallel_size}), workload {args.workload}")
+    print(f"  {run.completed} completed, {run.failed} failed in {run.duration:.3f} s simulated "
+          f"({run.request_throughput:.2f} requests/s)")
+    width = max(map(len, manifest.metrics))
+    for name in manifest.metrics:
+        metric = MANIFEST_METRICS[name]
+        print(f"  {name:<{width}}  {metric.report(run)}  [{metric.vllm_series}]")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="serving-lab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -66,6 +122,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--out", default="reports/demo", help="folder for the report")
     p.set_defaults(func=_demo)
+
+    p = sub.add_parser("manifest", help="translate a deployment manifest (e.g. serving_lab/manifests/smollm2.yaml)")
+    p.add_argument("--to-vllm", metavar="MANIFEST", required=True,
+                   help="print the `vllm serve` command line that runs the same deployment")
+    _add_override_flags(p)
+    p.set_defaults(func=_manifest)
+
+    from serving_lab.workload_spec import WORKLOAD_SPEC
+
+    p = sub.add_parser("simulate", help="run a deployment manifest on a workload in the simulator")
+    p.add_argument("--config", metavar="MANIFEST", required=True, help="the deployment manifest (YAML)")
+    p.add_argument("--workload", metavar="SPEC", required=True, help=f"{WORKLOAD_SPEC}, e.g. synthetic:64:128:64:8")
+    p.add_argument("--hardware", default=None, help="a hardware profile: h100-sxm, a100-80gb-sxm, h200, l40s, b200, "
+                   "local-cpu or a calibrated one (default: this machine's calibration, else local-cpu)")
+    p.add_argument("--acceptance-rate", type=float, default=None,
+                   help="with speculative decoding: the chance each draft token is accepted")
+    _add_override_flags(p)
+    p.set_defaults(func=_simulate)
 
     args = parser.parse_args(argv)
     try:

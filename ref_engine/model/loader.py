@@ -58,6 +58,11 @@ def load_model(path: str | Path | None = None, dtype: torch.dtype | str = "float
                        eos_token_ids=checkpoint.eos_token_ids(tokenizer), model_id=checkpoint.model_id)
 
 
+def read_arch(path: str | Path) -> ArchConfig:
+    """A checkpoint's dimensions without its weights: what the simulator needs to price a model path."""
+    return _open_checkpoint(Path(path)).arch
+
+
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """`"bfloat16"` or `torch.bfloat16` -> `torch.bfloat16`; anything unsupported is a ValueError."""
     name = str(dtype).removeprefix("torch.")
