@@ -6,6 +6,10 @@ same ones); this module adds what needs the model: tokenizing prompts, the runne
 strings, and the wall clock. Every step is timed and logged as a `StepRecord`, which is what calibrates the
 simulator.
 
+`step()` returns a `RequestOutput` for every request that finished in the step and, for each request
+streamed with `output_kind=RequestOutputKind.DELTA`, one per step with its new tokens and text
+(`finished=False` until the end; `IncrementalDetokenizer` keeps the text safe to send).
+
 `LLM` is the offline API in vLLM's shape: `LLM(model=None, dtype=..., **engine_knobs).generate(prompts,
 SamplingParams(...))`. Every `EngineConfig` knob is a keyword (`max_num_seqs=8`, `scheduling="static"`, ...).
 
@@ -43,13 +47,14 @@ from ref_engine.core.math_utils import cdiv
 from ref_engine.core.metrics import StepRecord
 from ref_engine.core.request import Request, RequestStatus
 from ref_engine.core.scheduler import make_scheduler
+from ref_engine.detokenizer import IncrementalDetokenizer
 from ref_engine.kv_transfer.config import KVTransferConfig
 from ref_engine.kv_transfer.connector import KVTransferParams, make_kv_connector
 from ref_engine.model.loader import LoadedModel, load_model
-from ref_engine.outputs import CompletionOutput, RequestOutput
+from ref_engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ref_engine.runner import ModelRunner
 from ref_engine.sampler import Sampler, SamplingMetadata, make_generator
-from ref_engine.sampling_params import SamplingParams
+from ref_engine.sampling_params import RequestOutputKind, SamplingParams
 from ref_engine.spec_decode import Draft, RejectionSampler, make_proposer
 
 PromptType = str | list[int] | dict[str, Any]
@@ -66,6 +71,7 @@ class _RequestState:
     stop_text_end: int | None = None  # where a stop string cut the text
     draft_probs: torch.Tensor | None = None  # q of the draft tokens the request carries (None: point masses)
     kv_transfer_params: KVTransferParams | None = None  # a producer's saved KV of the prompt
+    detokenizer: IncrementalDetokenizer | None = None  # a streamed (DELTA) request's text sent so far
 
 
 class LLMEngine:
@@ -190,7 +196,9 @@ class LLMEngine:
         self._states[request.request_id] = _RequestState(
             prompt=text,
             generator=make_generator(params.seed, self.device) if params.seed is not None else None,
-            logprobs=[] if params.logprobs is not None else None)
+            logprobs=[] if params.logprobs is not None else None,
+            detokenizer=(IncrementalDetokenizer(self.tokenizer, params.stop)
+                         if params.output_kind is RequestOutputKind.DELTA else None))
 
     def abort_request(self, request_id: str) -> None:
         if self.scheduler.abort_request(request_id, self.now()) is not None:
@@ -204,7 +212,8 @@ class LLMEngine:
     # ---- the loop ----
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model, sample, update; returns the requests that finished in this step."""
+        """Schedule, run the model, sample, update; returns the requests that finished in this step, and
+        this step's delta of every streamed request still running."""
         start = self.now()
         output = self.scheduler.schedule(start)
         if output.is_empty:
@@ -220,7 +229,10 @@ class LLMEngine:
         if self.proposer is not None:
             self._propose()
         self.step_records.append(StepRecord.from_output(output, start, self.now() - start, result))
-        return [self._finish(r) for r in finished]
+        done = {r.request_id for r in finished}
+        streamed = [self._stream(request_id) for request_id in sampled
+                    if request_id not in done and self._states[request_id].detokenizer is not None]
+        return streamed + [self._finish(r) for r in finished]
 
     def _sample(self, output: SchedulerOutput, request_ids: list[str], logits: torch.Tensor) -> dict[str, list[int]]:
         """New tokens per request: the sampler's one, or the verified drafts plus one when it had drafts."""
@@ -376,6 +388,16 @@ class LLMEngine:
                 return keep, text
         raise AssertionError("a stop string was found in the whole text but in none of its prefixes")
 
+    def _stream(self, request_id: str) -> RequestOutput:
+        """A running streamed request's new tokens and text since its last output."""
+        request = self.scheduler.get_request(request_id)
+        state = self._states[request_id]
+        logprobs = _new_logprobs(state)
+        token_ids, text = state.detokenizer.delta(request.output_token_ids)
+        completion = CompletionOutput(index=0, text=text, token_ids=token_ids, finish_reason=None,
+                                      logprobs=logprobs)
+        return self._output(request, state, completion, finished=False)
+
     def _finish(self, request: Request) -> RequestOutput:
         state = self._states.pop(request.request_id)
         if self.proposer is not None:
@@ -389,15 +411,34 @@ class LLMEngine:
         elif request.status is RequestStatus.FINISHED_STOPPED and request.output_token_ids:
             last = request.output_token_ids[-1]
             stop_reason = last if last in request.stop_token_ids else None
-        completion = CompletionOutput(index=0, text=text, token_ids=list(request.output_token_ids),
+        token_ids, logprobs = list(request.output_token_ids), state.logprobs
+        if state.detokenizer is not None:  # streamed: only what was not sent yet
+            logprobs = _new_logprobs(state)
+            token_ids, text = state.detokenizer.delta(token_ids, final_text=text)
+        completion = CompletionOutput(index=0, text=text, token_ids=token_ids,
                                       finish_reason=request.status.finish_reason, stop_reason=stop_reason,
-                                      logprobs=state.logprobs)
-        explanation = self.scheduler.take_prefix_cache_explanation(request.request_id)
+                                      logprobs=logprobs)
+        return self._output(request, state, completion, finished=True)
+
+    def _output(self, request: Request, state: _RequestState, completion: CompletionOutput,
+                finished: bool) -> RequestOutput:
+        explanation = metrics = None
+        if finished:
+            explanation = self.scheduler.take_prefix_cache_explanation(request.request_id)
+            metrics = RequestMetrics(arrival_time=request.arrival_time,
+                                     first_scheduled_time=request.first_scheduled_time,
+                                     first_token_time=request.first_token_time, finished_time=request.finish_time,
+                                     token_times=list(request.token_times))
         return RequestOutput(request_id=request.request_id, prompt=state.prompt,
-                             prompt_token_ids=request.prompt_token_ids, outputs=[completion], finished=True,
+                             prompt_token_ids=request.prompt_token_ids, outputs=[completion], finished=finished,
                              num_preemptions=request.num_preemptions,
                              num_cached_tokens=request.num_cached_tokens or 0, prefix_cache=explanation,
-                             kv_transfer_params=state.kv_transfer_params)
+                             kv_transfer_params=state.kv_transfer_params, metrics=metrics)
+
+
+def _new_logprobs(state: _RequestState) -> list[dict[int, float]] | None:
+    """A streamed request's logprobs of the tokens not sent yet (call before `detokenizer.delta`)."""
+    return None if state.logprobs is None else state.logprobs[state.detokenizer.num_sent_tokens:]
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:
