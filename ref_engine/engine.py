@@ -10,6 +10,10 @@ simulator.
 streamed with `output_kind=RequestOutputKind.DELTA`, one per step with its new tokens and text
 (`finished=False` until the end; `IncrementalDetokenizer` keeps the text safe to send).
 
+A request whose sampling raises fails alone: the batch is sampled again one request at a time to find
+who raised, that request ends with `finish_reason="error"` and the error on its output, and the others
+keep their tokens. A server must not lose every request in a batch to one bad one.
+
 `LLM` is the offline API in vLLM's shape: `LLM(model=None, dtype=..., **engine_knobs).generate(prompts,
 SamplingParams(...))`. Every `EngineConfig` knob is a keyword (`max_num_seqs=8`, `scheduling="static"`, ...).
 
@@ -31,6 +35,7 @@ lessons/05-speculative-decoding.md (propose and verify); lessons/03-chunked-pref
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +63,8 @@ from ref_engine.sampling_params import RequestOutputKind, SamplingParams
 from ref_engine.spec_decode import Draft, RejectionSampler, make_proposer
 
 PromptType = str | list[int] | dict[str, Any]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -209,6 +216,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache (vLLM's name); False, changing nothing, while requests hold blocks."""
+        return self.scheduler.reset_prefix_cache()
+
     # ---- the loop ----
 
     def step(self) -> list[RequestOutput]:
@@ -221,8 +232,11 @@ class LLMEngine:
         model_output = self.runner.execute_model(output)
         if self._kv_producer:
             self._save_kv(output)
-        sampled = self._sample(output, model_output.request_ids, model_output.logits) if model_output.request_ids else {}
+        sampled, errors = (self._sample(output, model_output.request_ids, model_output.logits)
+                           if model_output.request_ids else ({}, {}))
         end = self.now()
+        failed = [self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED, end)
+                  for request_id in errors]
         result = StepResult(sampled)
         finished = self.scheduler.update_from_output(output, result, end)
         finished += self._check_stop_strings(sampled, finished, end)
@@ -232,9 +246,33 @@ class LLMEngine:
         done = {r.request_id for r in finished}
         streamed = [self._stream(request_id) for request_id in sampled
                     if request_id not in done and self._states[request_id].detokenizer is not None]
-        return streamed + [self._finish(r) for r in finished]
+        return streamed + [self._finish(r) for r in finished] + [self._finish(r, errors[r.request_id])
+                                                                 for r in failed]
 
-    def _sample(self, output: SchedulerOutput, request_ids: list[str], logits: torch.Tensor) -> dict[str, list[int]]:
+    def _sample(self, output: SchedulerOutput, request_ids: list[str], logits: torch.Tensor
+                ) -> tuple[dict[str, list[int]], dict[str, str]]:
+        """(new tokens per request, error per request that could not be sampled). When the batch raises,
+        each request is sampled on its own to pin the error on the one(s) that raise."""
+        try:
+            return self._sample_batch(output, request_ids, logits), {}
+        except Exception:
+            scheduled = {s.request_id: s for s in output.scheduled}
+            sampled, errors = {}, {}
+            row = 0
+            for request_id in request_ids:
+                num_rows = scheduled[request_id].num_draft_tokens + 1
+                try:
+                    sampled |= self._sample_batch(output, [request_id], logits[row:row + num_rows])
+                except Exception as error:
+                    logger.exception("request %s failed in sampling", request_id)
+                    errors[request_id] = f"sampling failed: {type(error).__name__}: {error}"
+                row += num_rows
+            if not errors:  # only the batch as a whole raised: not one request's fault
+                raise
+            return sampled, errors
+
+    def _sample_batch(self, output: SchedulerOutput, request_ids: list[str], logits: torch.Tensor
+                      ) -> dict[str, list[int]]:
         """New tokens per request: the sampler's one, or the verified drafts plus one when it had drafts."""
         scheduled = {s.request_id: s for s in output.scheduled}
         requests = [self.scheduler.get_request(r) for r in request_ids]
@@ -398,7 +436,8 @@ class LLMEngine:
                                       logprobs=logprobs)
         return self._output(request, state, completion, finished=False)
 
-    def _finish(self, request: Request) -> RequestOutput:
+    def _finish(self, request: Request, error: str | None = None) -> RequestOutput:
+        """The finished request's output (its last delta, if streamed); `error`: why the engine failed it."""
         state = self._states.pop(request.request_id)
         if self.proposer is not None:
             self.proposer.free(request.request_id)
@@ -416,9 +455,11 @@ class LLMEngine:
             logprobs = _new_logprobs(state)
             token_ids, text = state.detokenizer.delta(token_ids, final_text=text)
         completion = CompletionOutput(index=0, text=text, token_ids=token_ids,
-                                      finish_reason=request.status.finish_reason, stop_reason=stop_reason,
-                                      logprobs=logprobs)
-        return self._output(request, state, completion, finished=True)
+                                      finish_reason="error" if error else request.status.finish_reason,
+                                      stop_reason=stop_reason, logprobs=logprobs)
+        output = self._output(request, state, completion, finished=True)
+        output.error = error
+        return output
 
     def _output(self, request: Request, state: _RequestState, completion: CompletionOutput,
                 finished: bool) -> RequestOutput:

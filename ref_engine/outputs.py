@@ -36,7 +36,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None  # "stop" (EOS, stop token or string), "length" or "abort"
+    finish_reason: str | None  # "stop" (EOS, stop token or string), "length", "abort" or "error"
     stop_reason: int | str | None = None  # the stop token id or string that ended it, if any
     logprobs: list[dict[int, float]] | None = None  # per output position: chosen token + top-N
 
@@ -56,3 +56,4 @@ class RequestOutput:
     # ... and, on what `DisaggregatedLLM.generate` returns, where the request's time went
     disagg_timings: DisaggTimings | None = None
     metrics: RequestMetrics | None = None  # set on finished outputs
+    error: str | None = None  # why the engine failed this request (finish_reason "error")

@@ -58,6 +58,12 @@ def load_model(path: str | Path | None = None, dtype: torch.dtype | str = "float
                        eos_token_ids=checkpoint.eos_token_ids(tokenizer), model_id=checkpoint.model_id)
 
 
+def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
+    """The tokenizer of the model at `path` (None: the default model), without its weights: what an API
+    server process needs while the engine-core process holds the model."""
+    return _open_checkpoint(Path(path) if path is not None else store.default_model_path()).tokenizer()
+
+
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """`"bfloat16"` or `torch.bfloat16` -> `torch.bfloat16`; anything unsupported is a ValueError."""
     name = str(dtype).removeprefix("torch.")
