@@ -1,4 +1,4 @@
-"""`serving-lab`: the command line (pull the default model, generate, run the demo, calibrate).
+"""`serving-lab`: the command line (pull the default model, generate, serve, run the demo, calibrate).
 
 Lesson: lessons/00-orientation.md (how to run).
 """
@@ -26,6 +26,12 @@ def _generate(args: argparse.Namespace) -> None:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     for prompt, out in zip(args.prompts, llm.generate(prompts, params, use_tqdm=False)):
         print(f"### {prompt}\n{out.outputs[0].text}\n")
+
+
+def _serve(args: argparse.Namespace) -> None:
+    from ref_engine.entrypoints.openai.api_server import run_server
+
+    run_server(args)
 
 
 def _calibrate(args: argparse.Namespace) -> None:
@@ -56,6 +62,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--no-chat", dest="chat", action="store_false", help="send the raw prompt, no chat template")
     p.set_defaults(func=_generate)
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (streaming, /metrics) on the engine")
+    from ref_engine.entrypoints.openai.cli_args import add_serve_args
+
+    add_serve_args(p)
+    p.set_defaults(func=_serve)
 
     p = sub.add_parser("calibrate", help="measure this machine with the engine and save its simulator profile")
     p.add_argument("--model", default=None)

@@ -90,12 +90,12 @@ class AsyncLLM:
         finally:
             self._streams.pop(request_id, None)
             if not finished:  # the consumer left early: free the request's blocks in the core
-                await self.abort(request_id)
+                self.abort(request_id)
 
-    async def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
         if self.dead_error is None:
-            await self.client.abort_requests([request_id])
+            self.client.abort_requests([request_id])
         self.stat_logger.record_abort(request_id)
 
     async def reset_prefix_cache(self) -> bool:

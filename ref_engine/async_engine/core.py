@@ -84,7 +84,8 @@ def run_engine_core(engine_args: EngineArgs, input_address: str, output_address:
             return
         output_socket.send_pyobj(EngineCoreReady(
             model_id=engine.model_id, max_model_len=engine.config.max_model_len,
-            vocab_size=engine.arch.vocab_size, num_kv_blocks=engine.num_kv_blocks))
+            vocab_size=engine.arch.vocab_size, num_kv_blocks=engine.num_kv_blocks,
+            scheduling_policy=engine.config.scheduling_policy))
         EngineCore(engine, input_socket, output_socket).run()
     finally:
         context.destroy(linger=1000)
@@ -125,6 +126,7 @@ class EngineCore:
         elif isinstance(message, AbortRequests):
             for request_id in message.request_ids:
                 self.engine.abort_request(request_id)
+            self._send(EngineCoreOutputs(scheduler_stats=self._stats()))  # the gauges see the freed blocks
         elif isinstance(message, UtilityCall):
             if message.method not in UTILITY_METHODS:
                 raise ValueError(f"unknown utility method {message.method!r}")
@@ -144,13 +146,14 @@ class EngineCore:
             outputs = []
             errors = {r: RequestError(f"engine step failed: {type(error).__name__}: {error}") for r in running}
         records, engine.step_records = engine.step_records, []  # a server runs for days: keep no log
-        scheduler = engine.scheduler
+        self._send(EngineCoreOutputs(outputs, errors, self._stats(sum(r.num_preempted for r in records))))
+
+    def _stats(self, num_preempted: int = 0) -> SchedulerStats:
+        scheduler = self.engine.scheduler
         kv = scheduler.kv_cache_manager
-        stats = SchedulerStats(
+        return SchedulerStats(
             num_running_reqs=len(scheduler.running), num_waiting_reqs=scheduler.num_waiting,
-            kv_cache_usage=kv.usage, num_used_blocks=kv.block_pool.num_used_blocks,
-            num_preempted=sum(r.num_preempted for r in records))
-        self._send(EngineCoreOutputs(outputs, errors, stats))
+            kv_cache_usage=kv.usage, num_used_blocks=kv.block_pool.num_used_blocks, num_preempted=num_preempted)
 
     def _abort_all(self, reason: str) -> None:
         """Graceful shutdown: free every unfinished request's blocks and tell its stream why it ended."""

@@ -72,8 +72,10 @@ class EngineCoreClient:
     async def add_request(self, request: EngineCoreRequest) -> None:
         await self._input.send_pyobj(request)
 
-    async def abort_requests(self, request_ids: list[str]) -> None:
-        await self._input.send_pyobj(AbortRequests(request_ids))
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Not a coroutine: an abort is sent from a stream being cancelled (its client disconnected),
+        where every await would be cancelled too. A PUSH socket queues it without blocking."""
+        self._input.send_pyobj(AbortRequests(request_ids), flags=zmq.NOBLOCK)
 
     async def call_utility(self, method: str) -> Any:
         """Run `LLMEngine.<method>()` in the core and return its result (`get_output` delivers it, so the

@@ -59,6 +59,7 @@ class EngineCoreReady:
     max_model_len: int
     vocab_size: int
     num_kv_blocks: int
+    scheduling_policy: str  # "priority" is the one that honours a request's priority
 
 
 @dataclass(frozen=True)
