@@ -24,6 +24,7 @@ Lesson: lessons/06-architecture-map.md (the engine core).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +99,7 @@ class EngineCore:
         self.engine = engine
         self.input_socket = input_socket
         self.output_socket = output_socket
+        self.parent_pid = os.getppid()
 
     def run(self) -> None:
         engine = self.engine
@@ -107,9 +109,12 @@ class EngineCore:
         self._abort_all("the server is shutting down")
 
     def _read_messages(self, *, block: bool) -> bool:
-        """Handle every message waiting (first waiting for one if `block`); False on `Shutdown`."""
+        """Handle every message waiting (first waiting for one if `block`); False on `Shutdown`, or when
+        the API server's process is gone (killed without a word: nobody is left to serve)."""
         if block:
-            self.input_socket.poll()
+            while not self.input_socket.poll(1000):
+                if os.getppid() != self.parent_pid:
+                    return False
         while self.input_socket.poll(0):
             message = self.input_socket.recv_pyobj()
             if isinstance(message, Shutdown):

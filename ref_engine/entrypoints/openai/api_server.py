@@ -178,7 +178,7 @@ def build_app(engine: AsyncLLM, *, served_model_name: str | None = None,
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, error: OpenAIError) -> JSONResponse:
-        if error.status >= 500:
+        if error.status == 500:
             logger.error("request %s: %s", request.state.request_id, error.message)
         return _error_response(error)
 
