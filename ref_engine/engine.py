@@ -104,7 +104,8 @@ class LLMEngine:
         self.config = self.config.for_model(self.arch.max_position_embeddings)
         self.dtype = next(loaded.model.parameters()).dtype
         self.num_kv_blocks = self._num_kv_blocks(loaded.model)
-        self.scheduler = make_scheduler(self.config, self.num_kv_blocks, cache_namespace=self.model_id,
+        self.scheduler = make_scheduler(self.config, self.num_kv_blocks,
+                                        cache_namespace=f"{self.model_id}:{self.tokenizer.fingerprint}",
                                         explain_misses=True)
         self.runner = ModelRunner(
             loaded.model, self.arch, num_kv_blocks=self.num_kv_blocks,

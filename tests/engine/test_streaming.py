@@ -18,6 +18,7 @@ from ref_engine.outputs import RequestOutput
 from ref_engine.sampling_params import RequestOutputKind
 
 PROMPTS = ["Hello, wörld", "naïve café 🙂", "abc"]
+SMALL_POOL = {"num_kv_blocks": 64}  # the CPU default pool takes seconds to allocate per engine
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +59,8 @@ def test_a_multi_byte_character_is_never_split(tiny):
     SamplingParams(max_tokens=24, temperature=0.0, logprobs=2),
 ], ids=["sampled", "greedy-logprobs"])
 def test_deltas_concatenate_to_the_offline_output(loaded, params):
-    final = LLM(loaded).generate(PROMPTS, params, use_tqdm=False)
-    streamed = stream(LLMEngine(loaded), PROMPTS, params)
+    final = LLM(loaded, **SMALL_POOL).generate(PROMPTS, params, use_tqdm=False)
+    streamed = stream(LLMEngine(loaded, **SMALL_POOL), PROMPTS, params)
     for i, offline in enumerate(final):
         outs = streamed[str(i)]
         assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
@@ -74,12 +75,12 @@ def test_deltas_concatenate_to_the_offline_output(loaded, params):
 
 def test_a_stop_string_is_held_back_and_never_streamed(loaded):
     greedy = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
-    (full,) = LLM(loaded).generate(PROMPTS[:1], greedy, use_tqdm=False)
+    (full,) = LLM(loaded, **SMALL_POOL).generate(PROMPTS[:1], greedy, use_tqdm=False)
     text = full.outputs[0].text
     start = next(i for i in range(1, len(text) - 2) if REPLACEMENT_CHAR not in text[i:i + 2]
                  and text[i:i + 2] not in text[:i + 1])  # the stop string's first occurrence is at i
     stop = text[start:start + 2]
-    outs = stream(LLMEngine(loaded), PROMPTS[:1], dataclasses.replace(greedy, stop=[stop]))["0"]
+    outs = stream(LLMEngine(loaded, **SMALL_POOL), PROMPTS[:1], dataclasses.replace(greedy, stop=[stop]))["0"]
     assert "".join(o.outputs[0].text for o in outs) == text[:start]
     assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "stop"
     assert outs[-1].outputs[0].stop_reason == stop
@@ -87,12 +88,22 @@ def test_a_stop_string_is_held_back_and_never_streamed(loaded):
 
 def test_finish_reasons_length_and_stop_token(loaded):
     greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    (length,) = stream(LLMEngine(loaded), PROMPTS[:1], greedy).values()
+    (length,) = stream(LLMEngine(loaded, **SMALL_POOL), PROMPTS[:1], greedy).values()
     assert length[-1].outputs[0].finish_reason == "length"
     assert sum(len(o.outputs[0].token_ids) for o in length) == 6
     third = sum((o.outputs[0].token_ids for o in length), [])[2]
-    (stopped,) = stream(LLMEngine(loaded), PROMPTS[:1],
+    (stopped,) = stream(LLMEngine(loaded, **SMALL_POOL), PROMPTS[:1],
                         dataclasses.replace(greedy, stop_token_ids=[third])).values()
     out = stopped[-1].outputs[0]
     assert out.finish_reason == "stop" and out.stop_reason == third
     assert sum(len(o.outputs[0].token_ids) for o in stopped) <= 3
+
+
+def test_the_prefix_cache_key_names_the_tokenizer(loaded, tiny):
+    """Same weights, another tokenizer: the same token ids are other text, so no cached block is shared."""
+    tokenizer = Tokenizer.from_hf_folder(tiny)
+    other = Tokenizer.from_hf_folder(tiny)
+    other.backend.add_tokens(["<extra>"])
+    assert tokenizer.fingerprint == Tokenizer.from_hf_folder(tiny).fingerprint != other.fingerprint
+    engine = LLMEngine(loaded, **SMALL_POOL)
+    assert engine.scheduler.kv_cache_manager.cache_namespace == f"{loaded.model_id}:{tokenizer.fingerprint}"

@@ -199,12 +199,19 @@ def test_16_concurrent_streams_each_get_their_tokens(url):
         assert got == expected
 
 
-def test_a_client_that_disconnects_leaves_no_running_request_and_no_used_block(url):
-    body = {"model": MODEL, "prompt": "a long one", "max_tokens": 200, "stream": True, "ignore_eos": True}
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, headers={"Authorization": "Bearer key-acme"},
-                      timeout=60) as response:
-        lines = response.iter_lines()
-        assert next(line for line in lines if line.startswith("data:"))
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "whole-response"])
+def test_a_client_that_disconnects_leaves_no_running_request_and_no_used_block(url, stream):
+    body = {"model": MODEL, "prompt": "a long one", "max_tokens": 240, "n": 8, "stream": stream,
+            "ignore_eos": True}
+    headers = {"Authorization": "Bearer key-acme"}
+    tokens_before = sample(metrics(url), "vllm:generation_tokens_total")
+    if stream:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers, timeout=60) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+    else:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up while the server generates
+            httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=0.2)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         samples = metrics(url)
@@ -214,7 +221,8 @@ def test_a_client_that_disconnects_leaves_no_running_request_and_no_used_block(u
         time.sleep(0.1)
     else:
         pytest.fail(f"still running or holding blocks: {samples}")
-    assert sample(samples, "vllm:request_success_total", finished_reason="abort") >= 1
+    assert sample(samples, "vllm:generation_tokens_total") - tokens_before < 8 * 240  # stopped, not finished
+    assert sample(samples, "vllm:request_success_total", finished_reason="abort") >= 8
 
 
 BAD_INPUTS = {
@@ -224,6 +232,8 @@ BAD_INPUTS = {
     "bad-range": ("/v1/completions", {"prompt": "x", "top_p": 2.0}, "key-acme", 400, "top_p"),
     "negative-temperature": ("/v1/completions", {"prompt": "x", "temperature": -1}, "key-acme", 400,
                              "temperature"),
+    "stream-options-without-stream": ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}},
+                                      "key-acme", 400, "stream_options"),
     "n-zero": ("/v1/completions", {"prompt": "x", "n": 0}, "key-acme", 400, "n"),
     "unsupported-penalty": ("/v1/completions", {"prompt": "x", "presence_penalty": 0.5}, "key-acme", 400,
                             "presence_penalty"),

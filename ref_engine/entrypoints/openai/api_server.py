@@ -21,7 +21,7 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +125,31 @@ def _error_response(error: OpenAIError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status)
 
 
+async def _with_cancellation(request: Request, work: Awaitable[dict[str, Any] | AsyncIterator[str]]) -> Response:
+    """Run an endpoint's work unless its client disconnects first; then cancel it, which aborts its engine
+    requests (a response that does not stream would otherwise run to the end for nobody). A stream is
+    returned at once and watches for the disconnect itself (StreamingResponse)."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.create_task(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+    body = task.result()
+    if isinstance(body, dict):
+        return JSONResponse(body)
+    return StreamingResponse(body, media_type="text/event-stream")
+
+
 def build_app(engine: AsyncLLM, *, served_model_name: str | None = None,
               api_keys: dict[str, ApiKey] | None = None, max_pending_requests: int = 256,
               max_request_bytes: int = 1 << 20, chat_template: str | None = None) -> FastAPI:
@@ -202,11 +227,6 @@ def build_app(engine: AsyncLLM, *, served_model_name: str | None = None,
         return _error_response(OpenAIError(500, f"internal error ({type(error).__name__}); request id "
                                                 f"{request.state.request_id}"))
 
-    def respond(body: dict[str, Any] | AsyncIterator[str]) -> Response:
-        if isinstance(body, dict):
-            return JSONResponse(body)
-        return StreamingResponse(body, media_type="text/event-stream")
-
     @app.get("/health")
     async def health() -> Response:
         check_ready()
@@ -225,13 +245,15 @@ def build_app(engine: AsyncLLM, *, served_model_name: str | None = None,
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_ready()
         tenant = tenant_of(request, body.user)
-        return respond(await state["completion"].create_completion(body, request.state.request_id, tenant))
+        work = state["completion"].create_completion(body, request.state.request_id, tenant)
+        return await _with_cancellation(request, work)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_ready()
         tenant = tenant_of(request, body.user)
-        return respond(await state["chat"].create_chat_completion(body, request.state.request_id, tenant))
+        work = state["chat"].create_chat_completion(body, request.state.request_id, tenant)
+        return await _with_cancellation(request, work)
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:

@@ -85,6 +85,8 @@ class OpenAIServing:
                                    "--scheduling-policy priority", "priority")
         if request.n < 1:
             raise OpenAIError(400, f"n must be >= 1, got {request.n}", "n")
+        if request.stream_options is not None and not request.stream:
+            raise OpenAIError(400, "stream_options is only allowed with stream=true", "stream_options")
 
     def check_prompt(self, token_ids: list[int], max_tokens: int | None, param: str) -> int:
         """`max_tokens`, or what the context leaves when it is None; 400 when the prompt or the prompt plus
