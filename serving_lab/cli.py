@@ -1,4 +1,5 @@
-"""`serving-lab`: the command line (pull the default model, generate, serve, run the demo, calibrate).
+"""`serving-lab`: the command line (pull the default model, generate, serve, bench serve, run the demo,
+calibrate).
 
 Lesson: lessons/00-orientation.md (how to run).
 """
@@ -32,6 +33,12 @@ def _serve(args: argparse.Namespace) -> None:
     from ref_engine.entrypoints.openai.api_server import run_server
 
     run_server(args)
+
+
+def _bench_serve(args: argparse.Namespace) -> None:
+    from serving_lab.bench_serve import main as bench_serve_main
+
+    bench_serve_main(args)
 
 
 def _calibrate(args: argparse.Namespace) -> None:
@@ -68,6 +75,14 @@ def main(argv: list[str] | None = None) -> None:
 
     add_serve_args(p)
     p.set_defaults(func=_serve)
+
+    p = sub.add_parser("bench", help="benchmarks: `bench serve` loads an OpenAI-compatible server")
+    bench = p.add_subparsers(dest="bench_command", required=True)
+    p = bench.add_parser("serve", help="send a workload to a server and measure TTFT, ITL, TPOT, throughput")
+    from serving_lab.bench_serve import add_bench_serve_args
+
+    add_bench_serve_args(p)
+    p.set_defaults(func=_bench_serve)
 
     p = sub.add_parser("calibrate", help="measure this machine with the engine and save its simulator profile")
     p.add_argument("--model", default=None)

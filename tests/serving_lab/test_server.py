@@ -22,6 +22,7 @@ from engine_core_faults import POISON_MIN_P, PoisonedEngineArgs
 from ref_engine import LLM, SamplingParams
 from ref_engine.async_engine.async_llm import AsyncLLM
 from ref_engine.entrypoints.openai.api_server import ApiKey, build_app
+from serving_lab import cli
 
 KEYS = {"key-acme": ApiKey("acme"), "key-globex": ApiKey("globex")}
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
@@ -327,3 +328,20 @@ def test_models_tokenize_detokenize_reset(url):
     assert_error(response, 401)
     assert response.headers["x-request-id"] == "mine-1"
     assert re.fullmatch(r"[0-9a-f]{32}", post(url, "/tokenize", {"prompt": "x"}).headers["x-request-id"])
+
+
+def test_bench_serve_counts_what_the_server_counted(url, tmp_path):
+    before = metrics(url)
+    result_file = tmp_path / "bench.json"
+    cli.main(["bench", "serve", "--base-url", url, "--api-key", "key-acme", "--num-prompts", "8",
+              "--random-input-len", "6", "--random-output-len", "5", "--max-concurrency", "4",
+              "--request-rate", "200", "--result-file", str(result_file)])
+    result = json.loads(result_file.read_text())
+    after = metrics(url)
+    assert result["completed"] == 8 and result["failed"] == 0 and result["model"] == MODEL
+    assert result["total_output_tokens"] == 40 == (sample(after, "vllm:generation_tokens_total")
+                                                   - sample(before, "vllm:generation_tokens_total"))
+    assert result["total_input_tokens"] == sample(after, "vllm:prompt_tokens_total") - sample(
+        before, "vllm:prompt_tokens_total")
+    assert 0 < result["mean_ttft_ms"] <= result["mean_e2el_ms"] and result["mean_itl_ms"] > 0
+    assert len(result["itls"]) == 8 and all(len(gaps) == 4 for gaps in result["itls"])
