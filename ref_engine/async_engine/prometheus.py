@@ -1,5 +1,6 @@
 """`PrometheusStatLogger`: the engine's outputs and scheduler stats as Prometheus metrics, under vLLM's
-names (`vllm:` prefix, from vLLM's `vllm/v1/metrics/loggers.py`), so dashboards built for vLLM read ours.
+names (`vllm:` prefix, from vLLM's `vllm/v1/metrics/loggers.py`), so dashboards built for vLLM read ours;
+one more, `serving_lab:preempted_requests`, counts preempted sequences rather than preemption events.
 
 Latencies come from each finished request's `RequestMetrics`, taken on the engine core's clock: TTFT and
 end-to-end latency run from the core's arrival, so they leave out HTTP and the hop to the core (vLLM
@@ -16,6 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ref_engine.async_engine.messages import EngineCoreOutputs
 from ref_engine.outputs import RequestOutput
+
+FINISH_REASONS = ("stop", "length", "abort", "error")  # CompletionOutput.finish_reason's values
 
 # Histogram buckets in seconds, from 1 ms to a few minutes (CPU steps are slower than vLLM's GPU ones).
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -41,12 +44,17 @@ class PrometheusStatLogger:
         self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
         self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1).")
         self.num_preemptions = counter("vllm:num_preemptions", "Preemptions (events).")
+        # not a vLLM metric: the seed's `preempted_sequences` counts sequences, not events
+        self.preempted_requests = counter("serving_lab:preempted_requests",
+                                          "Finished requests that were preempted at least once.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of started requests.")
         self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens.")
         self.prefix_cache_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prompt tokens the prefix cache served.")
         self.request_success = Counter("vllm:request_success", "Finished requests by finish reason.",
                                        ["model_name", "finished_reason"], registry=self.registry)
+        for reason in FINISH_REASONS:  # exported at 0 from the start, so a rate() sees the first one
+            self.request_success.labels(model_name, reason)
         self.time_to_first_token = histogram("vllm:time_to_first_token_seconds", "Time to first token.")
         self.inter_token_latency = histogram("vllm:inter_token_latency_seconds", "Time between output tokens.")
         self.time_per_output_token = histogram("vllm:request_time_per_output_token_seconds",
@@ -82,6 +90,8 @@ class PrometheusStatLogger:
         if not output.finished:
             return
         self._started.discard(output.request_id)
+        if output.num_preemptions:
+            self.preempted_requests.inc()
         self.request_success.labels(self.model_name, output.outputs[0].finish_reason).inc()
         m = output.metrics
         if m is None or m.first_token_time is None or m.finished_time is None:

@@ -299,7 +299,8 @@ def test_metrics_have_vllm_names_and_move(url, client):
     assert sample(after, "vllm:request_success_total", finished_reason="length") == sample(
         before, "vllm:request_success_total", finished_reason="length") + 1
     for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                  "vllm:num_preemptions_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
+                  "vllm:num_preemptions_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+                  "serving_lab:preempted_requests_total"):
         sample(after, gauge)  # present
 
 
