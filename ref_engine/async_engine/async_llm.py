@@ -118,6 +118,9 @@ class AsyncLLM:
         except EngineDeadError as error:
             logger.error("%s", error)
             self._fail_all(str(error))
+        except Exception:  # a bug here would leave every stream waiting forever: end them instead
+            logger.exception("the output handler failed")
+            self._fail_all("the server's output handler failed")
 
     def _fail_all(self, message: str) -> None:
         """The core is gone (or going): end every open stream with `message`."""

@@ -119,7 +119,10 @@ class EngineCore:
             message = self.input_socket.recv_pyobj()
             if isinstance(message, Shutdown):
                 return False
-            self._handle(message)
+            try:
+                self._handle(message)
+            except Exception:  # a malformed message is the client's bug; the core serves on
+                logger.exception("could not handle %s", type(message).__name__)
         return True
 
     def _handle(self, message: Any) -> None:
@@ -133,9 +136,13 @@ class EngineCore:
                 self.engine.abort_request(request_id)
             self._send(EngineCoreOutputs(scheduler_stats=self._stats()))  # the gauges see the freed blocks
         elif isinstance(message, UtilityCall):
-            if message.method not in UTILITY_METHODS:
-                raise ValueError(f"unknown utility method {message.method!r}")
-            self._send(UtilityOutput(message.call_id, getattr(self.engine, message.method)()))
+            try:
+                if message.method not in UTILITY_METHODS:
+                    raise ValueError(f"unknown utility method {message.method!r}")
+                result = getattr(self.engine, message.method)()
+            except Exception as error:
+                result = RuntimeError(f"{message.method} failed: {type(error).__name__}: {error}")
+            self._send(UtilityOutput(message.call_id, result))
         else:
             raise TypeError(f"unexpected message {type(message).__name__}")
 

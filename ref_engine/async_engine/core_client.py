@@ -95,7 +95,11 @@ class EngineCoreClient:
                     raise EngineDeadError(f"the engine core exited (exit code {self._process.exitcode})")
             message = await self._output.recv_pyobj()
             if isinstance(message, UtilityOutput):
-                self._pending_calls.pop(message.call_id).set_result(message.result)
+                future = self._pending_calls.pop(message.call_id)
+                if isinstance(message.result, BaseException):  # the call raised in the core
+                    future.set_exception(message.result)
+                else:
+                    future.set_result(message.result)
                 continue
             return message
 

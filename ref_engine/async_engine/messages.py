@@ -99,4 +99,4 @@ class EngineCoreOutputs:
 @dataclass(frozen=True)
 class UtilityOutput:
     call_id: int
-    result: Any
+    result: Any  # an exception when the call raised

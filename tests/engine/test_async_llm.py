@@ -1,5 +1,5 @@
 """`AsyncLLM` against a live engine-core process (tiny model): a failing request fails alone, a refused one
-says why, and shutdown ends the streams still open. (Streams, aborts and metrics are tested end to end
+says why, a bad utility call raises in its caller only, and shutdown ends the streams still open. (Streams, aborts and metrics are tested end to end
 through the HTTP server in tests/serving_lab/test_server.py.)
 """
 
@@ -36,6 +36,9 @@ def test_failures_stay_with_their_request_and_shutdown_ends_open_streams(make_ti
         with pytest.raises(EngineGenerateError, match="stop_token_ids") as refused:  # refused by the core
             await collect(llm, SamplingParams(stop_token_ids=[10_000]), "refused")
         assert refused.value.invalid
+        with pytest.raises(RuntimeError, match="unknown utility method"):  # answered, and the core serves on
+            await llm.client.call_utility("no_such_method")
+        assert await llm.reset_prefix_cache() is True
 
         stream = llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=200, ignore_eos=True),
                               "long")
