@@ -6,6 +6,14 @@ same ones); this module adds what needs the model: tokenizing prompts, the runne
 strings, and the wall clock. Every step is timed and logged as a `StepRecord`, which is what calibrates the
 simulator.
 
+`step()` returns a `RequestOutput` for every request that finished in the step and, for each request
+streamed with `output_kind=RequestOutputKind.DELTA`, one per step with its new tokens and text
+(`finished=False` until the end; `IncrementalDetokenizer` keeps the text safe to send).
+
+A request whose sampling raises fails alone: the batch is sampled again one request at a time to find
+who raised, that request ends with `finish_reason="error"` and the error on its output, and the others
+keep their tokens. A server must not lose every request in a batch to one bad one.
+
 `LLM` is the offline API in vLLM's shape: `LLM(model=None, dtype=..., **engine_knobs).generate(prompts,
 SamplingParams(...))`. Every `EngineConfig` knob is a keyword (`max_num_seqs=8`, `scheduling="static"`, ...).
 
@@ -27,6 +35,7 @@ lessons/05-speculative-decoding.md (propose and verify); lessons/03-chunked-pref
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,16 +52,19 @@ from ref_engine.core.math_utils import cdiv
 from ref_engine.core.metrics import StepRecord
 from ref_engine.core.request import Request, RequestStatus
 from ref_engine.core.scheduler import make_scheduler
+from ref_engine.detokenizer import IncrementalDetokenizer
 from ref_engine.kv_transfer.config import KVTransferConfig
 from ref_engine.kv_transfer.connector import KVTransferParams, make_kv_connector
 from ref_engine.model.loader import LoadedModel, load_model
-from ref_engine.outputs import CompletionOutput, RequestOutput
+from ref_engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ref_engine.runner import ModelRunner
 from ref_engine.sampler import Sampler, SamplingMetadata, make_generator
-from ref_engine.sampling_params import SamplingParams
+from ref_engine.sampling_params import RequestOutputKind, SamplingParams
 from ref_engine.spec_decode import Draft, RejectionSampler, make_proposer
 
 PromptType = str | list[int] | dict[str, Any]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,6 +78,7 @@ class _RequestState:
     stop_text_end: int | None = None  # where a stop string cut the text
     draft_probs: torch.Tensor | None = None  # q of the draft tokens the request carries (None: point masses)
     kv_transfer_params: KVTransferParams | None = None  # a producer's saved KV of the prompt
+    detokenizer: IncrementalDetokenizer | None = None  # a streamed (DELTA) request's text sent so far
 
 
 class LLMEngine:
@@ -91,7 +104,8 @@ class LLMEngine:
         self.config = self.config.for_model(self.arch.max_position_embeddings)
         self.dtype = next(loaded.model.parameters()).dtype
         self.num_kv_blocks = self._num_kv_blocks(loaded.model)
-        self.scheduler = make_scheduler(self.config, self.num_kv_blocks, cache_namespace=self.model_id,
+        self.scheduler = make_scheduler(self.config, self.num_kv_blocks,
+                                        cache_namespace=f"{self.model_id}:{self.tokenizer.fingerprint}",
                                         explain_misses=True)
         self.runner = ModelRunner(
             loaded.model, self.arch, num_kv_blocks=self.num_kv_blocks,
@@ -190,7 +204,9 @@ class LLMEngine:
         self._states[request.request_id] = _RequestState(
             prompt=text,
             generator=make_generator(params.seed, self.device) if params.seed is not None else None,
-            logprobs=[] if params.logprobs is not None else None)
+            logprobs=[] if params.logprobs is not None else None,
+            detokenizer=(IncrementalDetokenizer(self.tokenizer, params.stop)
+                         if params.output_kind is RequestOutputKind.DELTA else None))
 
     def abort_request(self, request_id: str) -> None:
         if self.scheduler.abort_request(request_id, self.now()) is not None:
@@ -201,10 +217,15 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache (vLLM's name); False, changing nothing, while requests hold blocks."""
+        return self.scheduler.reset_prefix_cache()
+
     # ---- the loop ----
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model, sample, update; returns the requests that finished in this step."""
+        """Schedule, run the model, sample, update; returns the requests that finished in this step, and
+        this step's delta of every streamed request still running."""
         start = self.now()
         output = self.scheduler.schedule(start)
         if output.is_empty:
@@ -212,17 +233,47 @@ class LLMEngine:
         model_output = self.runner.execute_model(output)
         if self._kv_producer:
             self._save_kv(output)
-        sampled = self._sample(output, model_output.request_ids, model_output.logits) if model_output.request_ids else {}
+        sampled, errors = (self._sample(output, model_output.request_ids, model_output.logits)
+                           if model_output.request_ids else ({}, {}))
         end = self.now()
+        failed = [self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED, end)
+                  for request_id in errors]
         result = StepResult(sampled)
         finished = self.scheduler.update_from_output(output, result, end)
         finished += self._check_stop_strings(sampled, finished, end)
         if self.proposer is not None:
             self._propose()
         self.step_records.append(StepRecord.from_output(output, start, self.now() - start, result))
-        return [self._finish(r) for r in finished]
+        done = {r.request_id for r in finished}
+        streamed = [self._stream(request_id) for request_id in sampled
+                    if request_id not in done and self._states[request_id].detokenizer is not None]
+        return streamed + [self._finish(r) for r in finished] + [self._finish(r, errors[r.request_id])
+                                                                 for r in failed]
 
-    def _sample(self, output: SchedulerOutput, request_ids: list[str], logits: torch.Tensor) -> dict[str, list[int]]:
+    def _sample(self, output: SchedulerOutput, request_ids: list[str], logits: torch.Tensor
+                ) -> tuple[dict[str, list[int]], dict[str, str]]:
+        """(new tokens per request, error per request that could not be sampled). When the batch raises,
+        each request is sampled on its own to pin the error on the one(s) that raise."""
+        try:
+            return self._sample_batch(output, request_ids, logits), {}
+        except Exception:
+            scheduled = {s.request_id: s for s in output.scheduled}
+            sampled, errors = {}, {}
+            row = 0
+            for request_id in request_ids:
+                num_rows = scheduled[request_id].num_draft_tokens + 1
+                try:
+                    sampled |= self._sample_batch(output, [request_id], logits[row:row + num_rows])
+                except Exception as error:
+                    logger.exception("request %s failed in sampling", request_id)
+                    errors[request_id] = f"sampling failed: {type(error).__name__}: {error}"
+                row += num_rows
+            if not errors:  # only the batch as a whole raised: not one request's fault
+                raise
+            return sampled, errors
+
+    def _sample_batch(self, output: SchedulerOutput, request_ids: list[str], logits: torch.Tensor
+                      ) -> dict[str, list[int]]:
         """New tokens per request: the sampler's one, or the verified drafts plus one when it had drafts."""
         scheduled = {s.request_id: s for s in output.scheduled}
         requests = [self.scheduler.get_request(r) for r in request_ids]
@@ -376,7 +427,18 @@ class LLMEngine:
                 return keep, text
         raise AssertionError("a stop string was found in the whole text but in none of its prefixes")
 
-    def _finish(self, request: Request) -> RequestOutput:
+    def _stream(self, request_id: str) -> RequestOutput:
+        """A running streamed request's new tokens and text since its last output."""
+        request = self.scheduler.get_request(request_id)
+        state = self._states[request_id]
+        logprobs = _new_logprobs(state)
+        token_ids, text = state.detokenizer.delta(request.output_token_ids)
+        completion = CompletionOutput(index=0, text=text, token_ids=token_ids, finish_reason=None,
+                                      logprobs=logprobs)
+        return self._output(request, state, completion, finished=False)
+
+    def _finish(self, request: Request, error: str | None = None) -> RequestOutput:
+        """The finished request's output (its last delta, if streamed); `error`: why the engine failed it."""
         state = self._states.pop(request.request_id)
         if self.proposer is not None:
             self.proposer.free(request.request_id)
@@ -389,15 +451,36 @@ class LLMEngine:
         elif request.status is RequestStatus.FINISHED_STOPPED and request.output_token_ids:
             last = request.output_token_ids[-1]
             stop_reason = last if last in request.stop_token_ids else None
-        completion = CompletionOutput(index=0, text=text, token_ids=list(request.output_token_ids),
-                                      finish_reason=request.status.finish_reason, stop_reason=stop_reason,
-                                      logprobs=state.logprobs)
-        explanation = self.scheduler.take_prefix_cache_explanation(request.request_id)
+        token_ids, logprobs = list(request.output_token_ids), state.logprobs
+        if state.detokenizer is not None:  # streamed: only what was not sent yet
+            logprobs = _new_logprobs(state)
+            token_ids, text = state.detokenizer.delta(token_ids, final_text=text)
+        completion = CompletionOutput(index=0, text=text, token_ids=token_ids,
+                                      finish_reason="error" if error else request.status.finish_reason,
+                                      stop_reason=stop_reason, logprobs=logprobs)
+        output = self._output(request, state, completion, finished=True)
+        output.error = error
+        return output
+
+    def _output(self, request: Request, state: _RequestState, completion: CompletionOutput,
+                finished: bool) -> RequestOutput:
+        explanation = metrics = None
+        if finished:
+            explanation = self.scheduler.take_prefix_cache_explanation(request.request_id)
+            metrics = RequestMetrics(arrival_time=request.arrival_time,
+                                     first_scheduled_time=request.first_scheduled_time,
+                                     first_token_time=request.first_token_time, finished_time=request.finish_time,
+                                     token_times=list(request.token_times))
         return RequestOutput(request_id=request.request_id, prompt=state.prompt,
-                             prompt_token_ids=request.prompt_token_ids, outputs=[completion], finished=True,
+                             prompt_token_ids=request.prompt_token_ids, outputs=[completion], finished=finished,
                              num_preemptions=request.num_preemptions,
                              num_cached_tokens=request.num_cached_tokens or 0, prefix_cache=explanation,
-                             kv_transfer_params=state.kv_transfer_params)
+                             kv_transfer_params=state.kv_transfer_params, metrics=metrics)
+
+
+def _new_logprobs(state: _RequestState) -> list[dict[int, float]] | None:
+    """A streamed request's logprobs of the tokens not sent yet (call before `detokenizer.delta`)."""
+    return None if state.logprobs is None else state.logprobs[state.detokenizer.num_sent_tokens:]
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:

@@ -22,6 +22,7 @@ Lesson: lessons/06-architecture-map.md (the "sample" box of schedule -> run -> s
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
 
@@ -41,6 +42,15 @@ def _is_number(value: object) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
 
 
+class RequestOutputKind(enum.Enum):
+    """What `LLMEngine.step()` returns for a request (vLLM's names): DELTA streams each step's new tokens
+    and text with `finished=False` until the last; FINAL_ONLY returns one whole output when it finishes
+    (what `LLM.generate` needs)."""
+
+    DELTA = "delta"
+    FINAL_ONLY = "final_only"
+
+
 @dataclass
 class SamplingParams:
     """How to decode one request; field names and defaults follow vLLM's `SamplingParams`."""
@@ -57,6 +67,7 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and stop_token_ids are banned until this many tokens are out
     logprobs: int | None = None  # None = no logprobs; 0 = the chosen token's; N = also the top N
     include_stop_str_in_output: bool = False  # keep the matched stop string at the end of the text
+    output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY  # stream deltas, or one final output
 
     def __post_init__(self) -> None:
         # Normalize the two list fields first, so the checks below see one shape.
@@ -102,6 +113,8 @@ class SamplingParams:
             raise ValueError(
                 f"include_stop_str_in_output must be a bool, got {self.include_stop_str_in_output!r}"
             )
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
 
     @property
     def is_greedy(self) -> bool:

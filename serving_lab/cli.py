@@ -1,4 +1,5 @@
-"""`serving-lab`: the command line (pull the default model, generate, demo, calibrate, manifest, simulate).
+"""`serving-lab`: the command line (pull the default model, generate, serve, bench serve, run the demo,
+calibrate, manifest, simulate).
 
 Lesson: lessons/00-orientation.md (how to run).
 """
@@ -27,6 +28,18 @@ def _generate(args: argparse.Namespace) -> None:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     for prompt, out in zip(args.prompts, llm.generate(prompts, params, use_tqdm=False)):
         print(f"### {prompt}\n{out.outputs[0].text}\n")
+
+
+def _serve(args: argparse.Namespace) -> None:
+    from ref_engine.entrypoints.openai.api_server import run_server
+
+    run_server(args)
+
+
+def _bench_serve(args: argparse.Namespace) -> None:
+    from serving_lab.bench_serve import main as bench_serve_main
+
+    bench_serve_main(args)
 
 
 def _calibrate(args: argparse.Namespace) -> None:
@@ -112,6 +125,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--no-chat", dest="chat", action="store_false", help="send the raw prompt, no chat template")
     p.set_defaults(func=_generate)
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (streaming, /metrics) on the engine")
+    from ref_engine.entrypoints.openai.cli_args import add_serve_args
+
+    add_serve_args(p)
+    p.set_defaults(func=_serve)
+
+    p = sub.add_parser("bench", help="benchmarks: `bench serve` loads an OpenAI-compatible server")
+    bench = p.add_subparsers(dest="bench_command", required=True)
+    p = bench.add_parser("serve", help="send a workload to a server and measure TTFT, ITL, TPOT, throughput")
+    from serving_lab.bench_serve import add_bench_serve_args
+
+    add_bench_serve_args(p)
+    p.set_defaults(func=_bench_serve)
 
     p = sub.add_parser("calibrate", help="measure this machine with the engine and save its simulator profile")
     p.add_argument("--model", default=None)

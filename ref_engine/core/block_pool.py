@@ -119,6 +119,16 @@ class BlockPool:
         if self.remember_evictions:
             self.evicted.add(block_hash)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (cache invalidation, e.g. after new weights), as vLLM's
+        `reset_prefix_cache`. Refused (False) while any block is in use: a running request's blocks
+        would otherwise be shared under a hash nobody could reach again."""
+        if self.num_used_blocks:
+            return False
+        for b in list(self.cached.values()):
+            self._uncache(b)
+        return True
+
     @property
     def num_cached_blocks(self) -> int:
         return len(self.cached)

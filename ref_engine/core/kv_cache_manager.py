@@ -291,6 +291,10 @@ class KVCacheManager:
         self.allocate_slots(request, num_new_tokens)
         return list(zip(host_blocks, device_blocks))
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache; False (nothing changed) while requests hold blocks."""
+        return self.block_pool.reset_prefix_cache()
+
     # ---- statistics ----
 
     @property

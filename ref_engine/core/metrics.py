@@ -150,7 +150,8 @@ def _percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def _summary(prefix: str, values_s: list[float]) -> dict[str, float]:
+def latency_summary(prefix: str, values_s: list[float]) -> dict[str, float]:
+    """`mean_/median_/p90_/p99_<prefix>_ms` of latencies given in seconds (vLLM bench serve's names)."""
     ms = [v * 1000 for v in values_s]
     return {
         f"mean_{prefix}_ms": fmean(ms) if ms else math.nan,
@@ -229,8 +230,8 @@ class RunMetrics:
             total_input_tokens=n_in, total_output_tokens=n_out,
             request_throughput=per_s(len(done)), output_throughput=per_s(n_out),
             total_token_throughput=per_s(n_in + n_out),
-            **_summary("ttft", ttft), **_summary("tpot", tpot), **_summary("itl", itl),
-            **_summary("e2el", e2el),
+            **latency_summary("ttft", ttft), **latency_summary("tpot", tpot), **latency_summary("itl", itl),
+            **latency_summary("e2el", e2el),
             mean_queue_ms=fmean(queue) * 1000 if queue else math.nan,
             num_preemptions=sum(r.num_preemptions for r in requests),
             num_steps=len(steps),

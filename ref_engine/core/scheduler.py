@@ -162,6 +162,10 @@ class Scheduler:
         self.admit(request, now)
         return self.kv_cache_manager.get_block_ids(request.request_id)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache (vLLM's name); False while requests hold blocks."""
+        return self.kv_cache_manager.reset_prefix_cache()
+
     def get_request(self, request_id: str) -> Request | None:
         """The unfinished request with this id, or None."""
         return self.requests.get(request_id)

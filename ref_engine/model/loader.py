@@ -63,6 +63,12 @@ def read_arch(path: str | Path) -> ArchConfig:
     return _open_checkpoint(Path(path)).arch
 
 
+def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
+    """The tokenizer of the model at `path` (None: the default model), without its weights: what an API
+    server process needs while the engine-core process holds the model."""
+    return _open_checkpoint(Path(path) if path is not None else store.default_model_path()).tokenizer()
+
+
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """`"bfloat16"` or `torch.bfloat16` -> `torch.bfloat16`; anything unsupported is a ValueError."""
     name = str(dtype).removeprefix("torch.")

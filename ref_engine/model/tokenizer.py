@@ -17,6 +17,7 @@ Lesson: lessons/06-architecture-map.md (where a request's prompt tokens come fro
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from datetime import datetime
@@ -103,6 +104,13 @@ class Tokenizer:
             backend.post_processor = processors.TemplateProcessing(
                 single=single, special_tokens=[(t, backend.token_to_id(t)) for t in {bos, eos} if t in single])
         return cls(backend, bos_token=bos, eos_token=eos, chat_template=meta.get("tokenizer.chat_template"))
+
+    @property
+    def fingerprint(self) -> str:
+        """A short digest of the whole tokenizer (vocabulary, merges, normalizer, specials): the engine puts
+        it in the prefix-cache key beside the model's id, since the same ids mean other text under another
+        tokenizer, so cached K/V must not be shared across tokenizers."""
+        return hashlib.sha256(self.backend.to_str().encode()).hexdigest()[:16]
 
     # ---- ids ----
 

@@ -1,0 +1,138 @@
+"""`AsyncLLM`: the engine as the API server sees it, one async stream of `RequestOutput` per request.
+
+`generate(prompt, params, request_id)` sends the request to the engine-core process and yields its
+deltas as steps produce them, the last with `finished=True`. One task (`_output_handler`) reads the
+core's outputs and puts each into its request's queue, so a slow client only fills its own queue. When the
+consumer stops early (the HTTP client disconnected: the server closes or cancels the iterator), the
+request is aborted in the core, which frees its KV blocks. A request the core failed raises
+`EngineGenerateError` in its own stream only.
+
+Lesson: lessons/06-architecture-map.md (the engine core and the API server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ref_engine.async_engine.core import EngineArgs
+from ref_engine.async_engine.core_client import EngineCoreClient, EngineDeadError
+from ref_engine.async_engine.messages import EngineCoreReady, EngineCoreRequest, RequestError
+from ref_engine.async_engine.prometheus import PrometheusStatLogger
+from ref_engine.model.loader import load_tokenizer
+from ref_engine.model.tokenizer import Tokenizer
+from ref_engine.outputs import RequestOutput
+from ref_engine.sampling_params import RequestOutputKind, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineGenerateError(RuntimeError):
+    """The engine failed this request; `invalid` when the request itself was at fault."""
+
+    def __init__(self, request_id: str, error: RequestError) -> None:
+        super().__init__(f"request {request_id}: {error.message}")
+        self.invalid = error.invalid
+
+
+class AsyncLLM:
+    def __init__(self, engine_args: EngineArgs, model_name: str | None = None) -> None:
+        """`model_name`: the name clients use (the model's id if None)."""
+        self.engine_args = engine_args
+        self.client = EngineCoreClient(engine_args)
+        self.model_name = model_name
+        self.model_config: EngineCoreReady | None = None
+        self.tokenizer: Tokenizer | None = None
+        self.stat_logger: PrometheusStatLogger | None = None
+        self._streams: dict[str, asyncio.Queue[RequestOutput | RequestError]] = {}
+        self._output_task: asyncio.Task[None] | None = None
+        self.dead_error: str | None = None  # why the engine core is gone, once it is
+
+    async def start(self) -> None:
+        """Start the engine core and load the tokenizer here, both before serving a request."""
+        self.tokenizer, self.model_config = await asyncio.gather(
+            asyncio.to_thread(load_tokenizer, self.engine_args.model), self.client.start())
+        self.model_name = self.model_name or self.model_config.model_id
+        self.stat_logger = PrometheusStatLogger(self.model_name)
+        self._output_task = asyncio.create_task(self._output_handler(), name="AsyncLLM.output_handler")
+
+    @property
+    def num_open_streams(self) -> int:
+        """Requests sent to the engine whose streams are still open (what admission control counts)."""
+        return len(self._streams)
+
+    async def generate(self, prompt: dict[str, Any], params: SamplingParams,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        """Stream one request's outputs. `prompt` is `LLMEngine.add_request`'s dict form."""
+        if self.dead_error is not None:
+            raise EngineDeadError(self.dead_error)
+        if request_id in self._streams:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        queue: asyncio.Queue[RequestOutput | RequestError] = asyncio.Queue()
+        self._streams[request_id] = queue
+        params = dataclasses.replace(params, output_kind=RequestOutputKind.DELTA)
+        finished = False
+        try:
+            await self.client.add_request(EngineCoreRequest(request_id, prompt, params))
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, RequestError):
+                    finished = True
+                    raise EngineGenerateError(request_id, item)
+                if item.error is not None:
+                    finished = True
+                    raise EngineGenerateError(request_id, RequestError(item.error))
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:  # the consumer left early: free the request's blocks in the core
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+        if self.dead_error is None:
+            self.client.abort_requests([request_id])
+        self.stat_logger.record_abort(request_id)
+
+    async def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache; False while requests hold blocks (nothing changes then)."""
+        return await self.client.call_utility("reset_prefix_cache")
+
+    async def _output_handler(self) -> None:
+        try:
+            while True:
+                outputs = await self.client.get_output()
+                for output in outputs.outputs:
+                    queue = self._streams.get(output.request_id)
+                    if queue is not None:  # None: aborted meanwhile
+                        queue.put_nowait(output)
+                for request_id, error in outputs.errors.items():
+                    queue = self._streams.get(request_id)
+                    if queue is not None:
+                        queue.put_nowait(error)
+                self.stat_logger.record(outputs)
+        except EngineDeadError as error:
+            logger.error("%s", error)
+            self._fail_all(str(error))
+        except Exception:  # a bug here would leave every stream waiting forever: end them instead
+            logger.exception("the output handler failed")
+            self._fail_all("the server's output handler failed")
+
+    def _fail_all(self, message: str) -> None:
+        """The core is gone (or going): end every open stream with `message`."""
+        self.dead_error = message
+        for queue in self._streams.values():
+            queue.put_nowait(RequestError(message))
+
+    async def shutdown(self) -> None:
+        """Graceful: the core aborts what it runs (freeing the blocks) and exits; open streams end."""
+        await self.client.shutdown()
+        if self._output_task is not None:
+            self._output_task.cancel()
+            await asyncio.gather(self._output_task, return_exceptions=True)
+        self._fail_all("the server is shutting down")
+        self.client.close()

@@ -1,0 +1,179 @@
+"""`EngineCore`: the engine-core process, the busy loop of vLLM V1 (schedule, run the model, sample).
+
+The API server's process does HTTP, tokenization and streaming; this process only serves the model, so
+Python work on the server side (parsing JSON, writing SSE) never stalls a step, and a step never stalls a
+client. The loop: take every message waiting (new requests, aborts, utility calls), run one
+`LLMEngine.step()`, push its outputs; block on the input socket only while there is nothing to run.
+
+Transport: ZeroMQ (pyzmq), as vLLM: a PUSH/PULL socket pair each way over IPC. The API server's side is
+asyncio, and a zmq.asyncio socket can be awaited directly, where a multiprocessing pipe would need a
+thread or a reader callback on its file descriptor; ZeroMQ also queues messages while the other side is
+busy, so the core reads them between steps. (The disaggregated pair of lesson 3, `ref_engine/disagg/`,
+uses a pipe: its router is synchronous.)
+
+Failures stay with their request: an `add_request` that raises ValueError refuses that request only
+(`RequestError(invalid=True)`); a sampling error is pinned on its request by the engine itself
+(`finish_reason="error"`); an exception the engine cannot pin on one request fails the requests the
+step had running, and the loop goes on. The process ignores SIGINT (Ctrl-C reaches the whole process
+group; the API server decides), and on `Shutdown` aborts what is left, which frees its blocks, and tells
+each stream.
+
+Lesson: lessons/06-architecture-map.md (the engine core).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import zmq
+
+from ref_engine.async_engine.messages import (
+    UTILITY_METHODS,
+    AbortRequests,
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreRequest,
+    EngineCoreStartFailed,
+    RequestError,
+    SchedulerStats,
+    Shutdown,
+    UtilityCall,
+    UtilityOutput,
+)
+from ref_engine.engine import LLMEngine
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineArgs:
+    """What the core process needs to build its engine: a model path (each process loads its own) and
+    `LLMEngine`'s keywords. Picklable, so it crosses into the spawned process."""
+
+    model: str | Path | None = None
+    dtype: str = "float32"
+    device: str | None = None
+    num_threads: int | None = None  # torch threads in the core; None leaves torch's default
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # EngineConfig knobs
+
+    def create_engine(self) -> LLMEngine:
+        if self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        return LLMEngine(self.model, dtype=self.dtype, device=self.device, **self.engine_kwargs)
+
+
+def run_engine_core(engine_args: EngineArgs, input_address: str, output_address: str) -> None:
+    """The core process's main: build the engine, say ready (or why not), serve until `Shutdown`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    context = zmq.Context()
+    input_socket = context.socket(zmq.PULL)
+    input_socket.connect(input_address)
+    output_socket = context.socket(zmq.PUSH)
+    output_socket.connect(output_address)
+    try:
+        try:
+            engine = engine_args.create_engine()
+        except Exception as error:
+            logger.exception("the engine core could not start")
+            output_socket.send_pyobj(EngineCoreStartFailed(f"{type(error).__name__}: {error}"))
+            return
+        output_socket.send_pyobj(EngineCoreReady(
+            model_id=engine.model_id, max_model_len=engine.config.max_model_len,
+            vocab_size=engine.arch.vocab_size, num_kv_blocks=engine.num_kv_blocks,
+            scheduling_policy=engine.config.scheduling_policy))
+        EngineCore(engine, input_socket, output_socket).run()
+    finally:
+        context.destroy(linger=1000)
+
+
+class EngineCore:
+    """The loop around one `LLMEngine`, between the two sockets."""
+
+    def __init__(self, engine: LLMEngine, input_socket: zmq.Socket, output_socket: zmq.Socket) -> None:
+        self.engine = engine
+        self.input_socket = input_socket
+        self.output_socket = output_socket
+        self.parent_pid = os.getppid()
+
+    def run(self) -> None:
+        engine = self.engine
+        while self._read_messages(block=not engine.has_unfinished_requests()):
+            if engine.has_unfinished_requests():
+                self._step()
+        self._abort_all("the server is shutting down")
+
+    def _read_messages(self, *, block: bool) -> bool:
+        """Handle every message waiting (first waiting for one if `block`); False on `Shutdown`, or when
+        the API server's process is gone (killed without a word: nobody is left to serve)."""
+        if block:
+            while not self.input_socket.poll(1000):
+                if os.getppid() != self.parent_pid:
+                    return False
+        while self.input_socket.poll(0):
+            message = self.input_socket.recv_pyobj()
+            if isinstance(message, Shutdown):
+                return False
+            try:
+                self._handle(message)
+            except Exception:  # a malformed message is the client's bug; the core serves on
+                logger.exception("could not handle %s", type(message).__name__)
+        return True
+
+    def _handle(self, message: Any) -> None:
+        if isinstance(message, EngineCoreRequest):
+            try:
+                self.engine.add_request(message.request_id, message.prompt, message.params)
+            except ValueError as error:
+                self._send(EngineCoreOutputs(errors={message.request_id: RequestError(str(error), invalid=True)}))
+        elif isinstance(message, AbortRequests):
+            for request_id in message.request_ids:
+                self.engine.abort_request(request_id)
+            self._send(EngineCoreOutputs(scheduler_stats=self._stats()))  # the gauges see the freed blocks
+        elif isinstance(message, UtilityCall):
+            try:
+                if message.method not in UTILITY_METHODS:
+                    raise ValueError(f"unknown utility method {message.method!r}")
+                result = getattr(self.engine, message.method)()
+            except Exception as error:
+                result = RuntimeError(f"{message.method} failed: {type(error).__name__}: {error}")
+            self._send(UtilityOutput(message.call_id, result))
+        else:
+            raise TypeError(f"unexpected message {type(message).__name__}")
+
+    def _step(self) -> None:
+        engine = self.engine
+        try:
+            outputs, errors = engine.step(), {}
+        except Exception as error:  # not pinned on one request: fail the ones the step had running
+            logger.exception("engine step failed")
+            running = [r.request_id for r in engine.scheduler.running]
+            for request_id in running:
+                engine.abort_request(request_id)
+            outputs = []
+            errors = {r: RequestError(f"engine step failed: {type(error).__name__}: {error}") for r in running}
+        records, engine.step_records = engine.step_records, []  # a server runs for days: keep no log
+        self._send(EngineCoreOutputs(outputs, errors, self._stats(sum(r.num_preempted for r in records))))
+
+    def _stats(self, num_preempted: int = 0) -> SchedulerStats:
+        scheduler = self.engine.scheduler
+        kv = scheduler.kv_cache_manager
+        return SchedulerStats(
+            num_running_reqs=len(scheduler.running), num_waiting_reqs=scheduler.num_waiting,
+            kv_cache_usage=kv.usage, num_used_blocks=kv.block_pool.num_used_blocks, num_preempted=num_preempted)
+
+    def _abort_all(self, reason: str) -> None:
+        """Graceful shutdown: free every unfinished request's blocks and tell its stream why it ended."""
+        request_ids = list(self.engine.scheduler.requests)
+        for request_id in request_ids:
+            self.engine.abort_request(request_id)
+        if request_ids:
+            self._send(EngineCoreOutputs(errors={r: RequestError(reason) for r in request_ids}))
+
+    def _send(self, message: Any) -> None:
+        self.output_socket.send_pyobj(message)

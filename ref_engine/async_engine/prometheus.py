@@ -1,0 +1,106 @@
+"""`PrometheusStatLogger`: the engine's outputs and scheduler stats as Prometheus metrics, under vLLM's
+names (`vllm:` prefix, from vLLM's `vllm/v1/metrics/loggers.py`), so dashboards built for vLLM read ours;
+one more, `serving_lab:preempted_requests`, counts preempted sequences rather than preemption events.
+
+Latencies come from each finished request's `RequestMetrics`, taken on the engine core's clock: TTFT and
+end-to-end latency run from the core's arrival, so they leave out HTTP and the hop to the core (vLLM
+measures from the API server's arrival). Token counters move with every streamed delta; a request's prompt
+and prefix-cache counts are added with its first output. Each logger has its own registry, so two servers
+in one process (tests) never share counters.
+
+Lesson: lessons/06-architecture-map.md (what /metrics tells an operator).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ref_engine.async_engine.messages import EngineCoreOutputs
+from ref_engine.outputs import RequestOutput
+
+FINISH_REASONS = ("stop", "length", "abort", "error")  # CompletionOutput.finish_reason's values
+
+# Histogram buckets in seconds, from 1 ms to a few minutes (CPU steps are slower than vLLM's GPU ones).
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                   20.0, 40.0, 80.0, 160.0)
+
+
+class PrometheusStatLogger:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        labels = ["model_name"]
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=self.registry).labels(model_name)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=self.registry).labels(model_name)
+
+        def histogram(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, labels, buckets=LATENCY_BUCKETS, registry=self.registry).labels(model_name)
+
+        self.num_requests_running = gauge("vllm:num_requests_running", "Requests in the running batch.")
+        self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1).")
+        self.num_preemptions = counter("vllm:num_preemptions", "Preemptions (events).")
+        # not a vLLM metric: the seed's `preempted_sequences` counts sequences, not events
+        self.preempted_requests = counter("serving_lab:preempted_requests",
+                                          "Finished requests that were preempted at least once.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of started requests.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens.")
+        self.prefix_cache_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prompt tokens the prefix cache served.")
+        self.request_success = Counter("vllm:request_success", "Finished requests by finish reason.",
+                                       ["model_name", "finished_reason"], registry=self.registry)
+        for reason in FINISH_REASONS:  # exported at 0 from the start, so a rate() sees the first one
+            self.request_success.labels(model_name, reason)
+        self.time_to_first_token = histogram("vllm:time_to_first_token_seconds", "Time to first token.")
+        self.inter_token_latency = histogram("vllm:inter_token_latency_seconds", "Time between output tokens.")
+        self.time_per_output_token = histogram("vllm:request_time_per_output_token_seconds",
+                                               "Mean time per output token after the first, per request.")
+        self.e2e_request_latency = histogram("vllm:e2e_request_latency_seconds", "Arrival to last token.")
+        self.request_queue_time = histogram("vllm:request_queue_time_seconds", "Arrival to first scheduled.")
+        self._started: set[str] = set()
+
+    def record(self, outputs: EngineCoreOutputs) -> None:
+        stats = outputs.scheduler_stats
+        if stats is not None:
+            self.num_requests_running.set(stats.num_running_reqs)
+            self.num_requests_waiting.set(stats.num_waiting_reqs)
+            self.kv_cache_usage.set(stats.kv_cache_usage)
+            self.num_preemptions.inc(stats.num_preempted)
+        for output in outputs.outputs:
+            self._record_output(output)
+        for request_id in outputs.errors:
+            self._started.discard(request_id)
+
+    def record_abort(self, request_id: str) -> None:
+        """The API server aborted this request (its client went away): no finished output will come."""
+        self._started.discard(request_id)
+        self.request_success.labels(self.model_name, "abort").inc()
+
+    def _record_output(self, output: RequestOutput) -> None:
+        self.generation_tokens.inc(len(output.outputs[0].token_ids))
+        if output.request_id not in self._started:
+            self._started.add(output.request_id)
+            self.prompt_tokens.inc(len(output.prompt_token_ids))
+            self.prefix_cache_queries.inc(len(output.prompt_token_ids))
+            self.prefix_cache_hits.inc(output.num_cached_tokens)
+        if not output.finished:
+            return
+        self._started.discard(output.request_id)
+        if output.num_preemptions:
+            self.preempted_requests.inc()
+        self.request_success.labels(self.model_name, output.outputs[0].finish_reason).inc()
+        m = output.metrics
+        if m is None or m.first_token_time is None or m.finished_time is None:
+            return  # ended before its first token
+        self.time_to_first_token.observe(m.first_token_time - m.arrival_time)
+        self.e2e_request_latency.observe(m.finished_time - m.arrival_time)
+        if m.first_scheduled_time is not None:
+            self.request_queue_time.observe(m.first_scheduled_time - m.arrival_time)
+        for before, after in zip(m.token_times, m.token_times[1:]):
+            self.inter_token_latency.observe(after - before)
+        if len(m.token_times) > 1:
+            self.time_per_output_token.observe((m.token_times[-1] - m.token_times[0]) / (len(m.token_times) - 1))

@@ -1,0 +1,89 @@
+"""`OpenAIServingCompletion`: POST /v1/completions, streamed (one SSE chunk per step's delta of each
+choice, `data: [DONE]` last) or as one response.
+
+A prompt is a string, a list of strings, a list of token ids or a list of those; each prompt gets `n`
+choices, numbered prompt by prompt (choice `p * n + i`), as OpenAI numbers them.
+
+Lesson: lessons/06-architecture-map.md (the API server).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ref_engine.entrypoints.openai.logprobs import completion_logprobs
+from ref_engine.entrypoints.openai.protocol import CompletionRequest
+from ref_engine.entrypoints.openai.serving import (
+    OpenAIError,
+    OpenAIServing,
+    accumulate,
+    created,
+    sse,
+    usage,
+)
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    def prompts(self, request: CompletionRequest) -> list[list[int]]:
+        """Token ids of each prompt."""
+        prompt = request.prompt
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        if not prompt:
+            raise OpenAIError(400, "prompt is empty", "prompt")
+        if isinstance(prompt[0], int):
+            prompt = [prompt]
+        tokenizer = self.engine.tokenizer
+        return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+
+    async def create_completion(self, request: CompletionRequest, request_id: str,
+                                tenant: str | None) -> dict[str, Any] | AsyncIterator[str]:
+        """The response body, or the SSE stream when `request.stream`."""
+        self.check_model(request.model)
+        self.check_supported(request)
+        if request.best_of is not None and request.best_of != request.n:
+            raise OpenAIError(400, "best_of is not implemented by this server (only best_of == n)", "best_of")
+        token_ids = self.prompts(request)
+        params = [self.sampling_params(request, self.check_prompt(ids, request.max_tokens, "prompt"),
+                                       request.logprobs) for ids in token_ids]
+        prompts = [self.engine_prompt(ids, request, tenant) for ids in token_ids]
+        choices = self.choices(request_id, len(prompts), request, params)
+        num_prompt_tokens = sum(len(ids) for ids in token_ids)
+        head = {"id": f"cmpl-{request_id}", "object": "text_completion", "created": created(),
+                "model": self.served_model_name}
+        stream = self.generate(choices, prompts)
+        if request.stream:
+            return self._stream(stream, head, request, num_prompt_tokens)
+        results = await accumulate(stream)
+        body = [{"index": i, "text": r.text, "finish_reason": r.finish_reason, "stop_reason": r.stop_reason,
+                 "logprobs": self._logprobs(request, r.token_ids, r.logprobs, 0)}
+                for i, r in sorted(results.items())]
+        return {**head, "choices": body,
+                "usage": usage(num_prompt_tokens, sum(len(r.token_ids) for r in results.values()))}
+
+    async def _stream(self, stream: AsyncIterator, head: dict[str, Any], request: CompletionRequest,
+                      num_prompt_tokens: int) -> AsyncIterator[str]:
+        num_tokens = 0
+        text_offsets: dict[int, int] = {}
+        try:
+            async for choice, output in stream:
+                completion = output.outputs[0]
+                num_tokens += len(completion.token_ids)
+                offset = text_offsets.get(choice.index, 0)
+                text_offsets[choice.index] = offset + len(completion.text)
+                yield sse({**head, "choices": [{
+                    "index": choice.index, "text": completion.text, "finish_reason": completion.finish_reason,
+                    "stop_reason": completion.stop_reason,
+                    "logprobs": self._logprobs(request, completion.token_ids, completion.logprobs, offset)}]})
+        except OpenAIError as error:
+            yield sse(error.body())
+        if request.stream_options and request.stream_options.include_usage:
+            yield sse({**head, "choices": [], "usage": usage(num_prompt_tokens, num_tokens)})
+        yield sse("[DONE]")
+
+    def _logprobs(self, request: CompletionRequest, token_ids: list[int], entries: list | None,
+                  text_offset: int) -> dict[str, Any] | None:
+        if request.logprobs is None or entries is None:
+            return None
+        return completion_logprobs(self.engine.tokenizer, token_ids, entries, request.logprobs, text_offset)

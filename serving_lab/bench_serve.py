@@ -1,0 +1,204 @@
+"""`serving-lab bench serve`: a load generator for any OpenAI-compatible `/v1/completions` endpoint (this
+course's server or a real vLLM), measured from the client's side, with `vllm bench serve`'s result names.
+
+Requests are sent at a rate (`--request-rate`, arrivals a gamma process: `--burstiness 1` is Poisson,
+below 1 burstier, `inf` all at once) and/or under a cap on requests in flight (`--max-concurrency`). Each
+streams (SSE) with `ignore_eos` and `max_tokens` set to its output length, so every request produces
+exactly the tokens asked for; the server's `usage` chunk gives the token count. Per request: TTFT (send to
+first token), ITL (each gap between streamed chunks), E2EL (send to last byte), TPOT = (E2EL - TTFT) /
+(output tokens - 1). Prompts are synthetic (random token ids below 256, valid in every tokenizer this course
+uses) or a JSONL file of {"prompt": ..., "output_len": ...}.
+
+The result JSON has the field names of `vllm bench serve` (`output_throughput`, `mean_ttft_ms`,
+`p99_itl_ms`, ...) and of `RunMetrics`, so a measured run, a vLLM run and a simulated run sit in one table.
+
+Lesson: lessons/06-architecture-map.md (measuring the server from outside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from ref_engine.core.metrics import latency_summary
+
+
+@dataclass
+class BenchRequest:
+    prompt: str | list[int]
+    output_len: int
+
+
+@dataclass
+class RequestResult:
+    success: bool = False
+    input_tokens: int = 0  # as the server counted them (its usage chunk)
+    output_tokens: int = 0
+    ttft: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    latency: float = 0.0
+    generated_text: str = ""
+    error: str = ""
+
+
+def synthetic_requests(num_prompts: int, input_len: int, output_len: int, seed: int) -> list[BenchRequest]:
+    rng = random.Random(seed)
+    return [BenchRequest([rng.randrange(256) for _ in range(input_len)], output_len) for _ in range(num_prompts)]
+
+
+def load_prompts(path: str | Path, num_prompts: int | None) -> list[BenchRequest]:
+    """A JSONL file, one {"prompt": str or token ids, "output_len": int} per line."""
+    requests = []
+    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if not isinstance(row, dict) or "prompt" not in row or not isinstance(row.get("output_len"), int):
+            raise ValueError(f"{path}:{i + 1}: expected {{\"prompt\": ..., \"output_len\": <int>}}")
+        requests.append(BenchRequest(row["prompt"], row["output_len"]))
+    return requests[:num_prompts]
+
+
+def arrival_gaps(num: int, request_rate: float, burstiness: float, seed: int) -> list[float]:
+    """Seconds before each request: gamma-distributed with mean 1/rate (shape `burstiness`), as vLLM's."""
+    if math.isinf(request_rate):
+        return [0.0] * num
+    rng = random.Random(seed)
+    return [rng.gammavariate(burstiness, 1 / (request_rate * burstiness)) for _ in range(num)]
+
+
+async def send_request(http: httpx.AsyncClient, url: str, model: str | None, request: BenchRequest) -> RequestResult:
+    body: dict[str, Any] = {"prompt": request.prompt, "max_tokens": request.output_len, "temperature": 0.0,
+                            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    if model:
+        body["model"] = model
+    result = RequestResult()
+    start = last = time.perf_counter()
+    try:
+        async with http.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}: {(await response.aread()).decode(errors='replace')}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[len("data:"):])
+                if "error" in chunk:
+                    result.error = chunk["error"].get("message", "error")
+                    return result
+                if chunk.get("usage"):
+                    result.input_tokens = chunk["usage"]["prompt_tokens"]
+                    result.output_tokens = chunk["usage"]["completion_tokens"]
+                for choice in chunk.get("choices", []):
+                    now = time.perf_counter()
+                    if not result.ttft:
+                        result.ttft = now - start
+                    else:
+                        result.itl.append(now - last)
+                    last = now
+                    result.generated_text += choice.get("text", "")
+        result.latency = time.perf_counter() - start
+        result.success = True
+    except httpx.HTTPError as error:
+        result.error = f"{type(error).__name__}: {error}"
+    return result
+
+
+async def run_benchmark(base_url: str, requests: list[BenchRequest], *, model: str | None = None,
+                        request_rate: float = math.inf, burstiness: float = 1.0, max_concurrency: int | None = None,
+                        seed: int = 0, api_key: str | None = None, progress: bool = True) -> dict[str, Any]:
+    """Send `requests` and return the result dict (vllm bench serve's names)."""
+    if burstiness <= 0 or request_rate <= 0:
+        raise ValueError("request_rate and burstiness must be > 0")
+    url = base_url.rstrip("/") + "/v1/completions"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    bar = tqdm(total=len(requests), desc="bench serve", unit="req", disable=not progress)
+
+    async def one(http: httpx.AsyncClient, request: BenchRequest) -> RequestResult:
+        if limit is None:
+            result = await send_request(http, url, model, request)
+        else:
+            async with limit:
+                result = await send_request(http, url, model, request)
+        bar.update(1)
+        return result
+
+    pool = httpx.Limits(max_connections=max_concurrency or len(requests))
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), headers=headers, limits=pool) as http:
+        if model is None:  # the server's first (for ours and a plain vLLM: only) model
+            models = await http.get(base_url.rstrip("/") + "/v1/models")
+            models.raise_for_status()
+            model = models.json()["data"][0]["id"]
+        start = time.perf_counter()
+        tasks = []
+        for request, gap in zip(requests, arrival_gaps(len(requests), request_rate, burstiness, seed)):
+            await asyncio.sleep(gap)
+            tasks.append(asyncio.create_task(one(http, request)))
+        results = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+    bar.close()
+    return summarize(requests, results, duration, request_rate=request_rate, burstiness=burstiness,
+                     max_concurrency=max_concurrency, model=model)
+
+
+def summarize(requests: list[BenchRequest], results: list[RequestResult], duration: float,
+              **settings: Any) -> dict[str, Any]:
+    done = [(q, r) for q, r in zip(requests, results) if r.success]
+    n_in = sum(r.input_tokens for _, r in done)
+    n_out = sum(r.output_tokens for _, r in done)
+    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: math.nan)
+    tpot = [(r.latency - r.ttft) / (r.output_tokens - 1) for _, r in done if r.output_tokens > 1]
+    return {
+        **settings, "num_prompts": len(requests), "duration": duration, "completed": len(done),
+        "failed": len(results) - len(done), "total_input_tokens": n_in, "total_output_tokens": n_out,
+        "request_throughput": per_s(len(done)), "output_throughput": per_s(n_out),
+        "total_token_throughput": per_s(n_in + n_out),
+        **latency_summary("ttft", [r.ttft for _, r in done]), **latency_summary("tpot", tpot),
+        **latency_summary("itl", [gap for _, r in done for gap in r.itl]),
+        **latency_summary("e2el", [r.latency for _, r in done]),
+        "input_lens": [r.input_tokens for _, r in done], "output_lens": [r.output_tokens for _, r in done],
+        "ttfts": [r.ttft for _, r in done], "itls": [r.itl for _, r in done],
+        "generated_texts": [r.generated_text for _, r in done], "errors": [r.error for r in results if r.error],
+    }
+
+
+def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", default=None, help="the served model's name (default: the server's first)")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--num-prompts", type=int, default=100)
+    parser.add_argument("--random-input-len", type=int, default=128)
+    parser.add_argument("--random-output-len", type=int, default=64)
+    parser.add_argument("--dataset-path", default=None, help='JSONL of {"prompt": ..., "output_len": ...}')
+    parser.add_argument("--request-rate", type=float, default=math.inf, help="requests/s (default: inf, all at once)")
+    parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps: 1 is Poisson")
+    parser.add_argument("--max-concurrency", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--result-file", default=None, help="write the result JSON here")
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    if args.dataset_path:
+        requests = load_prompts(args.dataset_path, args.num_prompts)
+    else:
+        requests = synthetic_requests(args.num_prompts, args.random_input_len, args.random_output_len, args.seed)
+    result = asyncio.run(run_benchmark(
+        args.base_url, requests, model=args.model, request_rate=args.request_rate, burstiness=args.burstiness,
+        max_concurrency=args.max_concurrency, seed=args.seed, api_key=args.api_key))
+    print(f"completed {result['completed']}/{result['num_prompts']} in {result['duration']:.2f} s: "
+          f"{result['output_throughput']:.1f} output tok/s, mean TTFT {result['mean_ttft_ms']:.1f} ms, "
+          f"mean ITL {result['mean_itl_ms']:.1f} ms")
+    if args.result_file:
+        Path(args.result_file).write_text(json.dumps(result, indent=1), encoding="utf-8")
+    return result
