@@ -171,9 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks: `bench serve` loads an OpenAI-compatible server")
     bench = p.add_subparsers(dest="bench_command", required=True)
     p = bench.add_parser("serve", help="send a workload to a server and measure TTFT, ITL, TPOT, throughput")
+    from serving_lab.bench_predict import add_predict_args
     from serving_lab.bench_serve import add_bench_serve_args
 
     add_bench_serve_args(p)
+    add_predict_args(p)
     p.set_defaults(func=_bench_serve)
 
     p = sub.add_parser("calibrate", help="measure this machine with the engine and save its simulator profile")
