@@ -10,7 +10,8 @@ first token), ITL (each gap between streamed chunks), E2EL (send to last byte), 
 uses) or a JSONL file of {"prompt": ..., "output_len": ...}.
 
 The result JSON has the field names of `vllm bench serve` (`output_throughput`, `mean_ttft_ms`,
-`p99_itl_ms`, ...) and of `RunMetrics`, so a measured run, a vLLM run and a simulated run sit in one table.
+`p99_itl_ms`, ...) and of `RunMetrics`, so a measured run, a vLLM run and a simulated run sit in one table;
+`--simulate` adds the simulator's prediction of the same run under `simulated` (serving_lab/bench_predict.py).
 
 Lesson: lessons/06-architecture-map.md (measuring the server from outside).
 """
@@ -189,16 +190,30 @@ def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure the run, predict it (`--simulate`, serving_lab/bench_predict.py), or only predict it
+    (`--dry-run`); print a summary and write the result JSON."""
+    from serving_lab.bench_predict import comparison, predict
+
     if args.dataset_path:
         requests = load_prompts(args.dataset_path, args.num_prompts)
     else:
         requests = synthetic_requests(args.num_prompts, args.random_input_len, args.random_output_len, args.seed)
-    result = asyncio.run(run_benchmark(
-        args.base_url, requests, model=args.model, request_rate=args.request_rate, burstiness=args.burstiness,
-        max_concurrency=args.max_concurrency, seed=args.seed, api_key=args.api_key))
-    print(f"completed {result['completed']}/{result['num_prompts']} in {result['duration']:.2f} s: "
-          f"{result['output_throughput']:.1f} output tok/s, mean TTFT {result['mean_ttft_ms']:.1f} ms, "
-          f"mean ITL {result['mean_itl_ms']:.1f} ms")
+    settings = dict(request_rate=args.request_rate, burstiness=args.burstiness, seed=args.seed,
+                    max_concurrency=args.max_concurrency)
+    predicting = dict(settings, config=args.config, hardware=args.hardware,
+                      frontend_latency_ms=args.frontend_latency_ms)
+    if args.dry_run:
+        result = {**settings, "num_prompts": len(requests), "simulated": predict(requests, **predicting)}
+        print(comparison(None, result["simulated"]))
+    else:
+        result = asyncio.run(run_benchmark(args.base_url, requests, model=args.model, api_key=args.api_key,
+                                           **settings))
+        print(f"completed {result['completed']}/{result['num_prompts']} in {result['duration']:.2f} s: "
+              f"{result['output_throughput']:.1f} output tok/s, mean TTFT {result['mean_ttft_ms']:.1f} ms, "
+              f"mean ITL {result['mean_itl_ms']:.1f} ms")
+        if args.simulate:
+            result["simulated"] = predict(requests, **predicting)
+            print(comparison(result, result["simulated"]))
     if args.result_file:
         Path(args.result_file).write_text(json.dumps(result, indent=1), encoding="utf-8")
     return result

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ref_engine.core.config import EngineConfig
 
 
 def _pull(args: argparse.Namespace) -> None:
@@ -33,7 +36,32 @@ def _generate(args: argparse.Namespace) -> None:
 def _serve(args: argparse.Namespace) -> None:
     from ref_engine.entrypoints.openai.api_server import run_server
 
-    run_server(args)
+    run_server(args, serve_config(args))
+
+
+def serve_config(args: argparse.Namespace) -> EngineConfig | None:
+    """`serve --config MANIFEST`: read the manifest with the given flags written over its keys, put its
+    model and served name into `args`, and return its engine config, checked against the model's context
+    length so that a bad value stops here, named by its key, rather than in the engine-core process.
+    Without `--config`, the flags that only override a manifest are refused; returns None."""
+    from serving_lab.manifest import OVERRIDE_FLAGS, load_manifest, naming_keys, simulated_arch
+
+    overrides = _overrides(args)
+    if args.config is None:
+        manifest_only = [flag for flag, key in OVERRIDE_FLAGS.items()
+                         if key in overrides and flag.removeprefix("--").replace("-", "_") not in SERVE_KNOBS]
+        if manifest_only:
+            raise ValueError(f"{', '.join(manifest_only)} override a manifest's keys: give --config MANIFEST")
+        return None
+    if args.scheduling_policy is not None:
+        raise ValueError("--scheduling-policy: with --config the manifest's api.admission.fairness sets the "
+                         "policy (override it with --fairness none|per_tenant_budgets)")
+    manifest = load_manifest(args.config, overrides)
+    engine = manifest.llm_kwargs()
+    args.model, args.served_model_name = engine["model"], manifest.engine.served_model_name
+    with naming_keys():
+        return engine["config"].for_model(simulated_arch(manifest.engine.model, "engine.model")
+                                          .max_position_embeddings)
 
 
 def _bench_serve(args: argparse.Namespace) -> None:
@@ -54,15 +82,22 @@ def _demo(args: argparse.Namespace) -> None:
     demo_main(out_dir=args.out, model=args.model)
 
 
-def _add_override_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags that override a manifest's keys; each value is read as YAML, as the file's would be."""
+# `serve`'s own flags that also override a manifest key (ref_engine/entrypoints/openai/cli_args.py): they
+# mean the same without a manifest, so `serve` keeps them and takes only the other override flags.
+SERVE_KNOBS = ("model", "served_model_name", "max_model_len", "max_num_seqs")
+
+
+def _add_override_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """The flags that override a manifest's keys (but those whose dest is in `skip`, which the parser has
+    already); each value is read as YAML, as the file's would be."""
     import yaml
 
     from serving_lab.manifest import OVERRIDE_FLAGS
 
     group = parser.add_argument_group("manifest overrides (a flag wins over the file)")
     for flag, key in OVERRIDE_FLAGS.items():
-        group.add_argument(flag, type=yaml.safe_load, default=argparse.SUPPRESS, metavar="VALUE", help=key)
+        if flag.removeprefix("--").replace("-", "_") not in skip:
+            group.add_argument(flag, type=yaml.safe_load, default=argparse.SUPPRESS, metavar="VALUE", help=key)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -109,7 +144,7 @@ def _simulate(args: argparse.Namespace) -> None:
         print(f"  {name:<{width}}  {metric.report(run)}  [{metric.vllm_series}]")
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="serving-lab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -130,14 +165,17 @@ def main(argv: list[str] | None = None) -> None:
     from ref_engine.entrypoints.openai.cli_args import add_serve_args
 
     add_serve_args(p)
+    _add_override_flags(p, skip=SERVE_KNOBS)
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("bench", help="benchmarks: `bench serve` loads an OpenAI-compatible server")
     bench = p.add_subparsers(dest="bench_command", required=True)
     p = bench.add_parser("serve", help="send a workload to a server and measure TTFT, ITL, TPOT, throughput")
+    from serving_lab.bench_predict import add_predict_args
     from serving_lab.bench_serve import add_bench_serve_args
 
     add_bench_serve_args(p)
+    add_predict_args(p)
     p.set_defaults(func=_bench_serve)
 
     p = sub.add_parser("calibrate", help="measure this machine with the engine and save its simulator profile")
@@ -167,8 +205,12 @@ def main(argv: list[str] | None = None) -> None:
                    help="with speculative decoding: the chance each draft token is accepted")
     _add_override_flags(p)
     p.set_defaults(func=_simulate)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> None:
+    """Run one command; an error the user can fix (a bad manifest, flag or file) is one line and exit 2."""
+    args = build_parser().parse_args(argv)
     try:
         args.func(args)
     except (ValueError, FileNotFoundError) as error:

@@ -286,6 +286,8 @@ def load_manifest(path: str | Path, overrides: Mapping[str, Any] | None = None) 
     try:
         return Manifest.model_validate(data)
     except ValidationError as error:
+        if error.error_count() == 1:
+            raise ManifestError(f"{path}: {_describe(error.errors()[0])}") from None
         problems = "\n".join(f"  {_describe(e)}" for e in error.errors())
         raise ManifestError(f"{path}: {error.error_count()} problem(s):\n{problems}") from None
 

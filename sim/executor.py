@@ -54,15 +54,36 @@ DUMMY_TOKEN_ID = 0
 
 
 def feed_arrivals(env: simpy.Environment, requests: Iterable[Request], deliver: Callable[[Request], object],
-                  delay_s: float = 0.0) -> Generator[simpy.Event, None, None]:
+                  delay_s: float = 0.0, max_concurrency: int | None = None) -> Generator[simpy.Event, None, None]:
     """SimPy process: `deliver(request)` at each request's `arrival_time` + `delay_s` (a server's front end,
     sim/simulator.py), in order of arrival (ties keep their order). Requests arriving at the same time are
     delivered together, so "all at once" really reaches the first step all at once. One replica feeds its
-    engine with it; a cluster, its router."""
+    engine with it; a cluster, its router.
+
+    `max_concurrency` n plays a client that keeps at most n requests open (`bench serve --max-concurrency`):
+    `deliver` must then return the event that fires when the request finishes (or None if it was refused),
+    and a request due while n are open waits for one of them to finish. Its `arrival_time` becomes the
+    moment it is sent, because the client's clock (TTFT, end-to-end latency) starts there. (With `delay_s`,
+    requests held back together reach the engine one delay apart: a bound on the error, small while the
+    front end's milliseconds are small against a request's seconds.)"""
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+    open_requests: list[simpy.Event] = []
     for request in sorted(requests, key=lambda r: r.arrival_time):
         if request.arrival_time + delay_s > env.now:
             yield env.timeout(request.arrival_time + delay_s - env.now)
-        deliver(request)
+        if max_concurrency is not None:
+            open_requests = [event for event in open_requests if not event.triggered]
+            if len(open_requests) >= max_concurrency:
+                yield env.any_of(open_requests)
+                open_requests = [event for event in open_requests if not event.triggered]
+            if env.now > request.arrival_time + delay_s:  # held back by the cap: sent now
+                request.arrival_time = env.now
+                if delay_s:
+                    yield env.timeout(delay_s)
+        finished = deliver(request)
+        if max_concurrency is not None and finished is not None:
+            open_requests.append(finished)
 
 
 class StepTimer(Protocol):

@@ -155,11 +155,13 @@ class Simulator:
         proposer = SimulatedProposer(self.acceptance) if self.acceptance is not None else None
         return SimulatedExecutor(env, scheduler, self.step_timer, name, proposer)
 
-    def run(self, workload: Workload) -> RunMetrics:
-        """Serve `workload` from an empty engine at time 0 until every request finished or was refused."""
-        return self.run_rounds([workload])[0]
+    def run(self, workload: Workload, max_concurrency: int | None = None) -> RunMetrics:
+        """Serve `workload` from an empty engine at time 0 until every request finished or was refused.
+        `max_concurrency`: at most that many requests open at once, as a capped client sends them
+        (`feed_arrivals`)."""
+        return self.run_rounds([workload], max_concurrency)[0]
 
-    def run_rounds(self, workloads: list[Workload]) -> list[RunMetrics]:
+    def run_rounds(self, workloads: list[Workload], max_concurrency: int | None = None) -> list[RunMetrics]:
         """Serve the workloads one after another on one replica, each starting when the previous one has
         drained, so later rounds find the prefix cache the earlier ones left (as `bench.run_rounds`)."""
         env = simpy.Environment()
@@ -170,7 +172,8 @@ class Simulator:
             requests = workload.make_requests(self.arch.vocab_size)
             for request in requests:  # arrival times count from the start of the round
                 request.arrival_time += env.now
-            env.process(feed_arrivals(env, requests, executor.add_request, delay_s=self.frontend_latency_s))
+            env.process(feed_arrivals(env, requests, executor.add_request, delay_s=self.frontend_latency_s,
+                                      max_concurrency=max_concurrency))
             env.run()
             results.append(executor.metrics())
         return results

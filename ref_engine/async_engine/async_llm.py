@@ -47,7 +47,7 @@ class AsyncLLM:
         self.model_config: EngineCoreReady | None = None
         self.tokenizer: Tokenizer | None = None
         self.stat_logger: PrometheusStatLogger | None = None
-        self._streams: dict[str, asyncio.Queue[RequestOutput | RequestError]] = {}
+        self._streams: dict[str, asyncio.Queue[RequestOutput | RequestError | EngineDeadError]] = {}
         self._output_task: asyncio.Task[None] | None = None
         self.dead_error: str | None = None  # why the engine core is gone, once it is
 
@@ -71,7 +71,7 @@ class AsyncLLM:
             raise EngineDeadError(self.dead_error)
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        queue: asyncio.Queue[RequestOutput | RequestError] = asyncio.Queue()
+        queue: asyncio.Queue[RequestOutput | RequestError | EngineDeadError] = asyncio.Queue()
         self._streams[request_id] = queue
         params = dataclasses.replace(params, output_kind=RequestOutputKind.DELTA)
         finished = False
@@ -79,6 +79,9 @@ class AsyncLLM:
             await self.client.add_request(EngineCoreRequest(request_id, prompt, params))
             while not finished:
                 item = await queue.get()
+                if isinstance(item, EngineDeadError):
+                    finished = True
+                    raise item
                 if isinstance(item, RequestError):
                     finished = True
                     raise EngineGenerateError(request_id, item)
@@ -97,6 +100,14 @@ class AsyncLLM:
         if self.dead_error is None:
             self.client.abort_requests([request_id])
         self.stat_logger.record_abort(request_id)
+
+    def abort_all(self, reason: str) -> None:
+        """End every open stream with `EngineDeadError(reason)` (the server is going, so the client should
+        retry elsewhere: a 503) and abort its request in the core, which frees its blocks: the end of a
+        graceful shutdown whose requests outlived the drain."""
+        for request_id, queue in list(self._streams.items()):
+            queue.put_nowait(EngineDeadError(reason))
+            self.abort(request_id)
 
     async def reset_prefix_cache(self) -> bool:
         """Forget the prefix cache; False while requests hold blocks (nothing changes then)."""

@@ -34,7 +34,7 @@ from ref_engine.async_engine.messages import (
 
 
 class EngineDeadError(RuntimeError):
-    """The engine-core process is gone (it failed to start, or exited)."""
+    """The engine-core process is gone (it failed to start, or exited), or the server is shutting it down."""
 
 
 class EngineCoreClient:

@@ -17,17 +17,19 @@ import httpx
 import openai
 import pytest
 import uvicorn
+import yaml
 from engine_core_faults import POISON_MIN_P, PoisonedEngineArgs
 
 from ref_engine import LLM, SamplingParams
 from ref_engine.async_engine.async_llm import AsyncLLM
 from ref_engine.entrypoints.openai.api_server import ApiKey, build_app
 from serving_lab import cli
+from serving_lab.manifest import EXAMPLE_MANIFEST
 
 KEYS = {"key-acme": ApiKey("acme"), "key-globex": ApiKey("globex")}
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-MAX_PENDING = 24
+MAX_PENDING = 64
 MAX_BODY = 32 * 1024
 MODEL = "tiny"
 
@@ -182,22 +184,39 @@ def test_stop_string_and_logprobs(client):
     assert [len(t.top_logprobs) for t in chat.choices[0].logprobs.content] == [2] * chat.usage.completion_tokens
 
 
-def test_16_concurrent_streams_each_get_their_tokens(url):
+def test_64_concurrent_streams_each_get_their_tokens(url):
     async def one(client: openai.AsyncOpenAI, i: int) -> tuple[int, int]:
         stream = await client.completions.create(
-            model=MODEL, prompt=f"request {i}", max_tokens=4 + i, temperature=0.5, seed=i, stream=True,
+            model=MODEL, prompt=f"request {i}", max_tokens=4 + i % 32, temperature=0.5, seed=i, stream=True,
             stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
         usage = None
         async for chunk in stream:
             usage = chunk.usage or usage
-        return 4 + i, usage.completion_tokens
+        return 4 + i % 32, usage.completion_tokens
 
     async def run():
         async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="key-acme", max_retries=0) as client:
-            return await asyncio.gather(*(one(client, i) for i in range(16)))
+            return await asyncio.gather(*(one(client, i) for i in range(64)))
 
     for expected, got in asyncio.run(run()):
         assert got == expected
+
+
+def test_preemption_shows_in_metrics_when_kv_blocks_run_short(url):
+    """32 distinct 100-token prompts fit the pool's 256 blocks of 16 tokens (7 blocks each); decoding 60
+    tokens each needs 10 blocks each, 320 in all, so the scheduler must preempt, and every request still
+    gets all its tokens."""
+    before = metrics(url)
+    prompts = [f"{i:03d}" + "x" * 97 for i in range(32)]
+    response = post(url, "/v1/completions", {"prompt": prompts, "max_tokens": 60, "ignore_eos": True})
+    assert response.status_code == 200, response.text
+    assert [c["finish_reason"] for c in response.json()["choices"]] == ["length"] * 32
+    assert response.json()["usage"]["completion_tokens"] == 32 * 60
+    after = metrics(url)
+    events = sample(after, "vllm:num_preemptions_total") - sample(before, "vllm:num_preemptions_total")
+    sequences = (sample(after, "serving_lab:preempted_requests_total")
+                 - sample(before, "serving_lab:preempted_requests_total"))
+    assert events >= sequences > 0
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streaming", "whole-response"])
@@ -346,3 +365,24 @@ def test_bench_serve_counts_what_the_server_counted(url, tmp_path):
         before, "vllm:prompt_tokens_total")
     assert 0 < result["mean_ttft_ms"] <= result["mean_e2el_ms"] and result["mean_itl_ms"] > 0
     assert len(result["itls"]) == 8 and all(len(gaps) == 4 for gaps in result["itls"])
+
+
+def test_bench_serve_simulate_stores_the_prediction_next_to_the_measurement(url, tiny, tmp_path, capsys):
+    manifest = yaml.safe_load(EXAMPLE_MANIFEST.read_text())
+    manifest["engine"]["model"] = str(tiny)
+    manifest["api"]["request_limits"]["max_model_len"] = None
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(manifest))
+    result_file = tmp_path / "bench.json"
+    cli.main(["bench", "serve", "--base-url", url, "--api-key", "key-acme", "--num-prompts", "6",
+              "--random-input-len", "6", "--random-output-len", "5", "--max-concurrency", "2",
+              "--request-rate", "50", "--simulate", "--hardware", "local-cpu", "--frontend-latency-ms", "2",
+              "--config", str(tmp_path / "tiny.yaml"), "--result-file", str(result_file)])
+    result = json.loads(result_file.read_text())
+    simulated = result["simulated"]
+    assert simulated["completed"] == 6 == result["completed"] and simulated["hardware"] == "local-cpu"
+    assert simulated["total_output_tokens"] == 30 == result["total_output_tokens"]
+    assert simulated["total_input_tokens"] == 36 == result["total_input_tokens"]
+    assert simulated["frontend_latency_ms"] == 2 and simulated["mean_ttft_ms"] >= 2
+    assert 0 < simulated["output_throughput"] and simulated["mean_ttft_ms"] <= simulated["mean_e2el_ms"]
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("output_throughput", "mean_ttft_ms", "measured", "simulated"))

@@ -292,3 +292,19 @@ def test_frontend_latency_adds_to_ttft_only():
     served = Simulator(TINY, _toy(100_000), config, frontend_latency_s=0.05).run(workload)
     assert served.mean_ttft_ms == pytest.approx(plain.mean_ttft_ms + 50)
     assert served.mean_itl_ms == pytest.approx(plain.mean_itl_ms)
+
+
+def test_a_concurrency_cap_keeps_at_most_n_requests_running_or_waiting():
+    workload = Workload.synthetic(24, 32, (4, 24), arrival=200.0, seed=3)
+    simulator = Simulator(**SMALL)
+
+    def most_open(run) -> int:  # requests between their (send) arrival and their finish, at each arrival
+        rows = run.requests
+        return max(sum(1 for o in rows if o.arrival_time <= r.arrival_time < o.finish_time) for r in rows)
+
+    free, capped = simulator.run(workload), simulator.run(workload, max_concurrency=3)
+    assert most_open(free) > 3 and most_open(capped) == 3
+    assert capped.completed == 24 and capped.total_output_tokens == free.total_output_tokens
+    assert capped.duration > free.duration
+    with pytest.raises(ValueError, match="max_concurrency must be >= 1, got 0"):
+        simulator.run(workload, max_concurrency=0)

@@ -3,8 +3,10 @@ errors in OpenAI's schema, X-Request-Id, the body-size cap, startup and graceful
 
 The server listens at once and starts the engine core in the background: until the model is loaded every
 route but /health's liveness answers 503, so a load balancer can wait on GET /health. On SIGINT/SIGTERM
-uvicorn stops accepting connections and lets open streams finish (for up to `--graceful-timeout`
-seconds); then the engine core aborts what is left, freeing its blocks, and exits.
+it drains (`DrainingServer`): it keeps listening but answers every new request 503, so a load balancer
+sends them elsewhere instead of seeing refused connections, while the open requests run for up to
+`--graceful-timeout` seconds; then the ones left are aborted (their blocks freed), uvicorn stops and the
+engine core exits. A second signal stops at once.
 
 Tenants: with `--api-key-file` (JSON: {"key": {"tenant": ..., "weight": ..., "max_num_seqs": ...}}) every
 request needs `Authorization: Bearer <key>` and runs as that key's tenant, whose weight and cap configure
@@ -20,6 +22,7 @@ import argparse
 import asyncio
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -37,6 +40,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ref_engine.async_engine.async_llm import AsyncLLM
 from ref_engine.async_engine.core import EngineArgs
+from ref_engine.core.config import EngineConfig
 from ref_engine.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -295,20 +299,64 @@ def build_app(engine: AsyncLLM, *, served_model_name: str | None = None,
     return RequestIdMiddleware(app, max_request_bytes)
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn with a drain: the first SIGINT/SIGTERM marks the app as stopping (503 for new requests, /health
+    included) and lets open requests run for up to `graceful_timeout` seconds; once none is left, or the
+    time is up and the rest are aborted, uvicorn shuts down as usual. A second signal is uvicorn's own."""
+
+    def __init__(self, config: uvicorn.Config, engine: AsyncLLM, serving_state: dict[str, Any],
+                 graceful_timeout: float) -> None:
+        super().__init__(config)
+        self.engine = engine
+        self.serving_state = serving_state
+        self.graceful_timeout = graceful_timeout
+        self.drain_deadline: float | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.drain_deadline is not None:
+            super().handle_exit(sig, frame)
+            return
+        logger.info("draining: new requests get 503; %d open request(s) have %.0f s to finish",
+                    self.engine.num_open_streams, self.graceful_timeout)
+        self.serving_state["stopping"] = True
+        self.drain_deadline = time.monotonic() + self.graceful_timeout
+
+    async def on_tick(self, counter: int) -> bool:
+        """Every 0.1 s on uvicorn's loop: end the drain when nothing is open or the time is up."""
+        if self.drain_deadline is not None and not self.should_exit:
+            if self.engine.num_open_streams and time.monotonic() >= self.drain_deadline:
+                logger.warning("graceful timeout: aborting %d open request(s)", self.engine.num_open_streams)
+                self.engine.abort_all("the server shut down before this request finished")
+            if not self.engine.num_open_streams:
+                self.should_exit = True
+        return await super().on_tick(counter)
+
+
 # ---- the command line: serving-lab serve ----
 
 
-def run_server(args: argparse.Namespace) -> None:
-    """`serving-lab serve`: build the engine's arguments from the flags and serve until a signal."""
+def run_server(args: argparse.Namespace, config: EngineConfig | None = None) -> None:
+    """`serving-lab serve`: serve until a signal (and a drain)."""
+    build_server(args, config).run()
+
+
+def build_server(args: argparse.Namespace, config: EngineConfig | None = None) -> DrainingServer:
+    """The server `serving-lab serve` runs, not started. `config`: a deployment's whole engine config (a
+    manifest's); without one the flags set the knobs they name."""
     api_keys = load_api_keys(args.api_key_file) if args.api_key_file else None
-    knobs = {name: getattr(args, name) for name in ("max_model_len", "max_num_seqs", "scheduling_policy")
-             if getattr(args, name) is not None}
+    knobs: dict[str, Any] = {"config": config} if config is not None else {
+        name: getattr(args, name) for name in ("max_model_len", "max_num_seqs", "scheduling_policy")
+        if getattr(args, name, None) is not None}
     if api_keys:
         knobs |= tenant_knobs(api_keys)
     chat_template = Path(args.chat_template).read_text(encoding="utf-8") if args.chat_template else None
-    engine = AsyncLLM(EngineArgs(args.model, dtype=args.dtype, engine_kwargs=knobs), args.served_model_name)
-    app = build_app(engine, served_model_name=args.served_model_name, api_keys=api_keys,
+    served_model_name = getattr(args, "served_model_name", None)
+    engine = AsyncLLM(EngineArgs(getattr(args, "model", None), dtype=args.dtype, engine_kwargs=knobs),
+                      served_model_name)
+    app = build_app(engine, served_model_name=served_model_name, api_keys=api_keys,
                     max_pending_requests=args.max_pending_requests, max_request_bytes=args.max_request_bytes,
                     chat_template=chat_template)
-    uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=args.graceful_timeout,
-                log_level="info")
+    # the drain has already waited for open requests; uvicorn's own wait only covers stragglers
+    uv_config = uvicorn.Config(app, host=args.host, port=args.port, timeout_graceful_shutdown=5, log_level="info")
+    # app.app: the FastAPI app inside RequestIdMiddleware, whose state says "stopping" to every route
+    return DrainingServer(uv_config, engine, app.app.state.serving, args.graceful_timeout)

@@ -1,6 +1,9 @@
 """The flags of `serving-lab serve` (vLLM's `cli_args.py`), kept apart from the server so that
 `serving-lab --help` parses them without importing torch or FastAPI.
 
+The model and the engine knobs are left out of the namespace unless given (`argparse.SUPPRESS`), so that
+with `--config MANIFEST` (serving_lab/cli.py) a flag overrides the manifest only when it was given.
+
 Lesson: lessons/06-architecture-map.md (the API server).
 """
 
@@ -10,20 +13,23 @@ import argparse
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", nargs="?", default=None,
+    parser.add_argument("model", nargs="?", default=argparse.SUPPRESS,
                         help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--config", metavar="MANIFEST", default=None,
+                        help="a deployment manifest (YAML) for the model and every engine knob; flags override it")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--served-model-name", default=None, help="the name clients use (default: the model's)")
+    parser.add_argument("--served-model-name", default=argparse.SUPPRESS,
+                        help="the name clients use (default: the model's)")
     parser.add_argument("--api-key-file", default=None,
                         help='JSON: {"<key>": {"tenant": "...", "weight": 1.0, "max_num_seqs": null}}')
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--max-model-len", type=int, default=argparse.SUPPRESS)
+    parser.add_argument("--max-num-seqs", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--scheduling-policy", default=None, choices=["fcfs", "priority", "fair"])
     parser.add_argument("--max-pending-requests", type=int, default=256,
                         help="admission control: open requests beyond this get 429")
     parser.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     parser.add_argument("--chat-template", default=None, help="a jinja2 chat template file (default: the model's)")
     parser.add_argument("--graceful-timeout", type=float, default=30.0,
-                        help="seconds open streams may run after SIGINT/SIGTERM")
+                        help="seconds open requests may run after SIGINT/SIGTERM (new ones get 503 meanwhile)")

@@ -1,0 +1,118 @@
+"""`serving-lab serve --config MANIFEST` and the graceful drain (tiny model).
+
+A bad manifest or flag stops the command with exit status 2 and one line naming the key, before any process
+starts. The shipped manifest, its model substituted, starts the server the command line builds
+(`build_server`); a SIGTERM then drains it: new requests get 503 while open ones run for up to
+`--graceful-timeout` seconds, and those still running then are aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import yaml
+
+from ref_engine.entrypoints.openai.api_server import build_server
+from serving_lab import cli
+from serving_lab.manifest import EXAMPLE_MANIFEST
+
+GRACEFUL_TIMEOUT = 1.0
+
+
+@pytest.fixture(scope="module")
+def tiny(make_tiny_hf_model):
+    return make_tiny_hf_model("llama", name="serve-config-llama")
+
+
+def bad_block_size(tmp_path) -> str:
+    data = yaml.safe_load(EXAMPLE_MANIFEST.read_text())
+    data["cache"]["block_size_tokens"] = "16"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(data))
+    return str(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize("argv, key", [
+    (lambda tmp, tiny: ["--config", bad_block_size(tmp)], "cache.block_size_tokens: Input should be a valid integer"),
+    (lambda tmp, tiny: ["--config", str(EXAMPLE_MANIFEST), "--max-num-seqs", "0"], "api.request_limits.max_num_seqs"),
+    (lambda tmp, tiny: ["--config", str(EXAMPLE_MANIFEST), str(tiny)],  # 2048 tokens; the tiny model has 256
+     "api.request_limits.max_model_len: max_model_len (2048) exceeds the model's"),
+    (lambda tmp, tiny: ["--block-size", "32"], "--block-size override a manifest's keys: give --config"),
+    (lambda tmp, tiny: ["--config", str(EXAMPLE_MANIFEST), "--scheduling-policy", "fcfs"], "api.admission.fairness"),
+], ids=["wrong-type", "bad-flag", "too-long-for-the-model", "override-without-manifest", "policy-flag"])
+def test_a_bad_manifest_or_flag_exits_2_with_one_line_naming_the_key(tmp_path, tiny, capsys, argv, key):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["serve", *argv(tmp_path, tiny)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and key in err and "Traceback" not in err, err
+
+
+async def collect(http: httpx.AsyncClient, body: dict, started: asyncio.Event) -> list[dict]:
+    """Every data chunk of a streamed completion; `started` is set at the first."""
+    chunks = []
+    async with http.stream("POST", "/v1/completions", json={**body, "stream": True, "ignore_eos": True}) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line.removeprefix("data: ")))
+                started.set()
+    return chunks
+
+
+def test_the_shipped_manifest_serves_and_sigterm_drains(tiny):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = cli.build_parser().parse_args([
+        "serve", str(tiny), "--config", str(EXAMPLE_MANIFEST), "--max-model-len", "256", "--max-num-seqs", "2",
+        "--port", str(port), "--graceful-timeout", str(GRACEFUL_TIMEOUT)])
+    server = build_server(args, cli.serve_config(args))
+    config = server.engine.engine_args.engine_kwargs["config"]
+    assert (config.max_num_seqs, config.scheduling_policy, config.max_model_len) == (2, "fair", 256)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                break
+        except httpx.ConnectError:
+            pass
+        time.sleep(0.1)
+    assert [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]] == ["smollm2"]
+
+    async def drive():
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            short_started, long_started = asyncio.Event(), asyncio.Event()
+            short = asyncio.create_task(collect(http, {"prompt": "short", "max_tokens": 20}, short_started))
+            await short_started.wait()
+            # 8 choices of 240 tokens, 2 at a time: hundreds of steps, far beyond the graceful timeout
+            long = asyncio.create_task(collect(http, {"prompt": "long", "max_tokens": 240, "n": 8}, long_started))
+            await long_started.wait()
+            server.handle_exit(signal.SIGTERM, None)
+            signalled = time.monotonic()
+            refused = await http.post("/v1/completions", json={"prompt": "late"})
+            health = await http.get("/health")
+            short_chunks = await short
+            long_chunks = await long
+            return signalled, time.monotonic(), refused, health, short_chunks, long_chunks
+
+    signalled, long_ended, refused, health, short_chunks, long_chunks = asyncio.run(drive())
+    assert refused.status_code == 503 and refused.json()["error"]["message"] == "the server is shutting down"
+    assert health.status_code == 503
+    assert short_chunks[-1]["choices"][0]["finish_reason"] == "length"  # the open request finished
+    error = long_chunks[-1]["error"]  # the request left at the timeout was aborted: retry elsewhere
+    assert error["code"] == 503 and "shut down" in error["message"]
+    assert long_ended - signalled >= GRACEFUL_TIMEOUT - 0.2
+    thread.join(30)
+    assert not thread.is_alive() and not server.engine.client.is_alive()
+    aborted = server.engine.stat_logger.registry.get_sample_value(
+        "vllm:request_success_total", {"model_name": "smollm2", "finished_reason": "abort"})
+    assert aborted >= 1  # the long request's choices still running or waiting
