@@ -2,7 +2,7 @@
 
 Opt-in (`serving-lab serve --trace-requests`), because a busy server should not keep per-step records. The
 API server records what it does (arrived, tokenized, sent to the core, each output received, each SSE chunk
-written); the engine core records what the loop does to each request (queued, then per step: scheduled with
+handed to uvicorn to send); the engine core records what the loop does to each request (queued, then per step: scheduled with
 its token count, sampled, detokenized; finished) and ships its events with the step's outputs, the way
 vLLM V1's engine core attaches per-request events (queued, scheduled) to its outputs. Every time is
 `time.perf_counter()`, a system-wide monotonic clock on Linux, macOS and Windows, so the two processes' events

@@ -361,7 +361,7 @@ def test_a_traced_request_passes_every_box_in_order(url):
     by_box = {box: [e for e in trace["events"] if e["box"] == box] for box in ("api_server", "engine_core")}
     api = [e["event"] for e in by_box["api_server"]]
     core = [e["event"] for e in by_box["engine_core"]]
-    assert api == ["arrived", "tokenized", "sent_to_core"] + ["output_received", "chunk_written"] * 3, api
+    assert api == ["arrived", "tokenized", "sent_to_core"] + ["output_received", "chunk_sent"] * 3, api
     assert core == ["queued"] + ["scheduled", "sampled", "detokenized"] * 3 + ["finished"], core
     scheduled = [e["attrs"] for e in by_box["engine_core"] if e["event"] == "scheduled"]
     assert [(s["num_tokens"], s["num_computed_tokens"]) for s in scheduled] == [(5, 0), (1, 5), (1, 6)]
@@ -369,8 +369,8 @@ def test_a_traced_request_passes_every_box_in_order(url):
     for e in trace["events"]:  # the two processes share one clock, so causes come before effects
         at.setdefault(e["event"], []).append(e["time"])
     assert at["sent_to_core"][0] <= at["queued"][0] <= at["scheduled"][0]
-    for made, received, written in zip(at["detokenized"], at["output_received"], at["chunk_written"]):
+    for made, received, written in zip(at["detokenized"], at["output_received"], at["chunk_sent"]):
         assert made <= received <= written
-    assert at["chunk_written"][-1] <= trace["now"]
+    assert at["chunk_sent"][-1] <= trace["now"]
     assert httpx.get(f"{url}/debug/trace/traced").status_code == 401
     assert_error(httpx.get(f"{url}/debug/trace/never-sent", headers=auth), 404, "request_id")

@@ -71,11 +71,12 @@ class OpenAIServingChat(OpenAIServing):
             async for choice, output in stream:
                 completion = output.outputs[0]
                 num_tokens += len(completion.token_ids)
-                yield sse({**head, "choices": [{
+                chunk = sse({**head, "choices": [{
                     "index": choice.index, "delta": {"content": completion.text},
                     "logprobs": self._logprobs(num_logprobs, completion.token_ids, completion.logprobs),
                     "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason}]})
-                self.trace(choice.request_id, "chunk_written", num_tokens=len(completion.token_ids))
+                self.trace(choice.request_id, "chunk_sent", num_tokens=len(completion.token_ids))
+                yield chunk
         except OpenAIError as error:
             yield sse(error.body())
         if request.stream_options and request.stream_options.include_usage:

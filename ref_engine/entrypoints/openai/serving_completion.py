@@ -73,11 +73,12 @@ class OpenAIServingCompletion(OpenAIServing):
                 num_tokens += len(completion.token_ids)
                 offset = text_offsets.get(choice.index, 0)
                 text_offsets[choice.index] = offset + len(completion.text)
-                yield sse({**head, "choices": [{
+                chunk = sse({**head, "choices": [{
                     "index": choice.index, "text": completion.text, "finish_reason": completion.finish_reason,
                     "stop_reason": completion.stop_reason,
                     "logprobs": self._logprobs(request, completion.token_ids, completion.logprobs, offset)}]})
-                self.trace(choice.request_id, "chunk_written", num_tokens=len(completion.token_ids))
+                self.trace(choice.request_id, "chunk_sent", num_tokens=len(completion.token_ids))
+                yield chunk
         except OpenAIError as error:
             yield sse(error.body())
         if request.stream_options and request.stream_options.include_usage:
