@@ -219,7 +219,7 @@ def ttft_breakdown(traced: TracedRequest) -> list[dict[str, Any]]:
     first_step_end = traced.times("sampled")[len(_prefill_steps(traced)) - 1]
     path = [("client -> API server", "network, HTTP parsing, body validation", traced.times("arrived")[0]),
             ("API server", "checks, tokenization", traced.times("tokenized")[0]),
-            ("API server", "sampling params, admission, hand-off", traced.times("sent_to_core")[0]),
+            ("API server", "params, admission, response start, hand-off", traced.times("sent_to_core")[0]),
             ("ZeroMQ", "to the engine core", traced.times("queued")[0]),
             ("scheduler", "queueing: waiting for a step", traced.times("scheduled")[0]),
             ("model runner + sampler", "prefill step(s): forward, sample, update", first_step_end),
