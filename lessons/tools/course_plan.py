@@ -184,7 +184,25 @@ LESSONS: tuple[PlannedLesson, ...] = (
             PlannedExercise("E05.2", "estimate", "Tokens per step and the speed-up of speculation"),
         ),
     ),
-    PlannedLesson("06-architecture-map", "The architecture map", minutes=60),
+    # Lesson 6 sections: the-boxes (two processes, the diagram, what each box owns), one-request-traced (real
+    # timestamps through every box: where TTFT and each inter-token gap go), request-sequence (the sequence
+    # diagram replayed against the trace), queueing-and-admission (a burst under max_num_seqs; 429s),
+    # symptoms (symptom -> box -> /metrics series), manifest-map (manifest sections -> boxes), six-metrics
+    # (the manifest's metrics -> vllm: series), what-the-simulator-models.
+    PlannedLesson(
+        "06-architecture-map", "The architecture map", minutes=60,
+        anchors=("you-will-learn", "the-boxes", "one-request-traced", "request-sequence", "queueing-and-admission",
+                 "symptoms", "manifest-map", "six-metrics", "what-the-simulator-models", "exercises", "questions",
+                 "summary"),
+        notebook_anchors=("the-boxes", "one-request-traced", "queueing-and-admission", "metrics", "exercises"),
+        terms=("api-server", "engine-core", "server-sent-events", "backpressure", "admission-control",
+               "request-tracing", "ttft", "itl", "prefill", "decode", "max-num-seqs", "kv-cache-usage",
+               "preemption", "prefix-cache-hit-rate", "detokenization"),
+        exercises=(
+            PlannedExercise("E06.1", "implement", "Where did the time to first token go?"),
+            PlannedExercise("E06.2", "estimate", "When does the k-th request of a burst start?"),
+        ),
+    ),
     PlannedLesson("07-tuning-knobs", "Tuning knobs: sweeping the throughput/latency curve", minutes=90),
     PlannedLesson("capstone", "Capstone: a before -> after throughput report", minutes=180, notebook=False,
                   has_questions=False),

@@ -20,8 +20,14 @@ from typing import Any
 
 from ref_engine.async_engine.core import EngineArgs
 from ref_engine.async_engine.core_client import EngineCoreClient, EngineDeadError
-from ref_engine.async_engine.messages import EngineCoreReady, EngineCoreRequest, RequestError
+from ref_engine.async_engine.messages import (
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreRequest,
+    RequestError,
+)
 from ref_engine.async_engine.prometheus import PrometheusStatLogger
+from ref_engine.async_engine.tracing import RequestTracer
 from ref_engine.model.loader import load_tokenizer
 from ref_engine.model.tokenizer import Tokenizer
 from ref_engine.outputs import RequestOutput
@@ -50,6 +56,7 @@ class AsyncLLM:
         self._streams: dict[str, asyncio.Queue[RequestOutput | RequestError | EngineDeadError]] = {}
         self._output_task: asyncio.Task[None] | None = None
         self.dead_error: str | None = None  # why the engine core is gone, once it is
+        self.tracer = RequestTracer() if engine_args.trace_requests else None  # --trace-requests
 
     async def start(self) -> None:
         """Start the engine core and load the tokenizer here, both before serving a request."""
@@ -76,6 +83,8 @@ class AsyncLLM:
         params = dataclasses.replace(params, output_kind=RequestOutputKind.DELTA)
         finished = False
         try:
+            if self.tracer is not None:
+                self.tracer.record(request_id, "sent_to_core")
             await self.client.add_request(EngineCoreRequest(request_id, prompt, params))
             while not finished:
                 item = await queue.get()
@@ -117,6 +126,8 @@ class AsyncLLM:
         try:
             while True:
                 outputs = await self.client.get_output()
+                if self.tracer is not None:
+                    self._trace(outputs)
                 for output in outputs.outputs:
                     queue = self._streams.get(output.request_id)
                     if queue is not None:  # None: aborted meanwhile
@@ -132,6 +143,13 @@ class AsyncLLM:
         except Exception:  # a bug here would leave every stream waiting forever: end them instead
             logger.exception("the output handler failed")
             self._fail_all("the server's output handler failed")
+
+    def _trace(self, outputs: EngineCoreOutputs) -> None:
+        """Keep the core's events, and when each output reached this process."""
+        self.tracer.add(outputs.trace_events)
+        for output in outputs.outputs:
+            self.tracer.record(output.request_id, "output_received",
+                               num_tokens=len(output.outputs[0].token_ids), finished=output.finished)
 
     def _fail_all(self, message: str) -> None:
         """The core is gone (or going): end every open stream with `message`."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,10 @@ from ref_engine.async_engine.messages import (
     UtilityCall,
     UtilityOutput,
 )
+from ref_engine.async_engine.tracing import TraceEvent, step_events
+from ref_engine.core.metrics import StepRecord
 from ref_engine.engine import LLMEngine
+from ref_engine.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +65,7 @@ class EngineArgs:
     device: str | None = None
     num_threads: int | None = None  # torch threads in the core; None leaves torch's default
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # EngineConfig knobs
+    trace_requests: bool = False  # ship per-request trace events with the outputs (tracing.py)
 
     def create_engine(self) -> LLMEngine:
         if self.num_threads:
@@ -87,7 +92,7 @@ def run_engine_core(engine_args: EngineArgs, input_address: str, output_address:
             model_id=engine.model_id, max_model_len=engine.config.max_model_len,
             vocab_size=engine.arch.vocab_size, num_kv_blocks=engine.num_kv_blocks,
             scheduling_policy=engine.config.scheduling_policy))
-        EngineCore(engine, input_socket, output_socket).run()
+        EngineCore(engine, input_socket, output_socket, trace=engine_args.trace_requests).run()
     finally:
         context.destroy(linger=1000)
 
@@ -95,11 +100,13 @@ def run_engine_core(engine_args: EngineArgs, input_address: str, output_address:
 class EngineCore:
     """The loop around one `LLMEngine`, between the two sockets."""
 
-    def __init__(self, engine: LLMEngine, input_socket: zmq.Socket, output_socket: zmq.Socket) -> None:
+    def __init__(self, engine: LLMEngine, input_socket: zmq.Socket, output_socket: zmq.Socket,
+                 trace: bool = False) -> None:
         self.engine = engine
         self.input_socket = input_socket
         self.output_socket = output_socket
         self.parent_pid = os.getppid()
+        self.trace_events: list[TraceEvent] | None = [] if trace else None  # sent with the next outputs
 
     def run(self) -> None:
         engine = self.engine
@@ -127,6 +134,10 @@ class EngineCore:
 
     def _handle(self, message: Any) -> None:
         if isinstance(message, EngineCoreRequest):
+            if self.trace_events is not None:
+                self.trace_events.append(TraceEvent(
+                    message.request_id, "queued", time.perf_counter(), "engine_core",
+                    {"num_prompt_tokens": len(message.prompt.get("prompt_token_ids", ()))}))
             try:
                 self.engine.add_request(message.request_id, message.prompt, message.params)
             except ValueError as error:
@@ -157,8 +168,22 @@ class EngineCore:
                 engine.abort_request(request_id)
             outputs = []
             errors = {r: RequestError(f"engine step failed: {type(error).__name__}: {error}") for r in running}
+        outputs_time = time.perf_counter()
         records, engine.step_records = engine.step_records, []  # a server runs for days: keep no log
-        self._send(EngineCoreOutputs(outputs, errors, self._stats(sum(r.num_preempted for r in records))))
+        self._send(EngineCoreOutputs(outputs, errors, self._stats(sum(r.num_preempted for r in records)),
+                                     self._take_trace_events(records, outputs, outputs_time)))
+
+    def _take_trace_events(self, records: list[StepRecord], outputs: list[RequestOutput],
+                           outputs_time: float) -> list[TraceEvent]:
+        """The events since the last send (queued requests, this step's), for tracing; [] when it is off."""
+        if self.trace_events is None:
+            return []
+        clock_offset = time.perf_counter() - self.engine.now()
+        emitted = {o.request_id: o.outputs[0].finish_reason if o.finished else None for o in outputs}
+        for record in records:
+            self.trace_events += step_events(record, clock_offset, outputs_time, emitted)
+        events, self.trace_events = self.trace_events, []
+        return events
 
     def _stats(self, num_preempted: int = 0) -> SchedulerStats:
         scheduler = self.engine.scheduler

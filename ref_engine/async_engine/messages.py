@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ref_engine.async_engine.tracing import TraceEvent
 from ref_engine.outputs import RequestOutput
 from ref_engine.sampling_params import SamplingParams
 
@@ -94,6 +95,7 @@ class EngineCoreOutputs:
     outputs: list[RequestOutput] = field(default_factory=list)
     errors: dict[str, RequestError] = field(default_factory=dict)
     scheduler_stats: SchedulerStats | None = None
+    trace_events: list[TraceEvent] = field(default_factory=list)  # only with tracing on (tracing.py)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ class StepRecord:
     num_preempted: int
     verified: tuple[tuple[str, int, int], ...] = ()  # (request id, draft tokens, accepted drafts) per verify
     proposed: tuple[tuple[str, int], ...] = ()  # (request id, drafts brought to the step), for replays
+    request_ids: tuple[str, ...] = ()  # who ran, in the order of query_lens (request tracing, lesson 6)
 
     @classmethod
     def from_output(cls, output: SchedulerOutput, start: float, duration: float,
@@ -66,7 +67,8 @@ class StepRecord:
         return cls(step_id=output.step_id, start=start, duration=duration, query_lens=query_lens,
                    context_lens=context_lens, kv_usage=output.kv_usage, num_live_tokens=output.num_live_tokens,
                    num_reserved_slots=output.num_reserved_slots, num_preempted=len(output.preempted_request_ids),
-                   verified=verified, proposed=tuple(output.num_proposed_tokens.items()))
+                   verified=verified, proposed=tuple(output.num_proposed_tokens.items()),
+                   request_ids=tuple(s.request_id for s in output.scheduled))
 
     @property
     def num_tokens(self) -> int:

@@ -18,9 +18,23 @@ One module per lesson, on top of what they share:
     disaggregation.py  lesson 3: prefill/decode disaggregation, a real 1P+1D pair vs the simulated cluster
     prefix.py        lesson 4: prefix caching
     speculation.py   lesson 5: speculative decoding
+    architecture.py  lesson 6: the architecture map, requests traced through a running server
 Notebooks import the package (`import serving_lab.experiments as ex`); everything public is re-exported here.
 """
 
+from serving_lab.experiments.architecture import (
+    TracedRequest,
+    TracedServer,
+    admission_order,
+    architecture_diagram,
+    load_rows,
+    max_batch_size,
+    simulated_request,
+    step_rows,
+    trace_request,
+    traced_load,
+    ttft_breakdown,
+)
 from serving_lab.experiments.batching import (
     capacity,
     load_sweep,
@@ -97,6 +111,9 @@ from serving_lab.experiments.speculation import (
 )
 
 __all__ = [
+    # lesson 6
+    "TracedRequest", "TracedServer", "admission_order", "architecture_diagram", "load_rows", "max_batch_size",
+    "simulated_request", "step_rows", "trace_request", "traced_load", "ttft_breakdown",
     "COMPARED",
     "POLICY_COUNTS",
     "Sides",

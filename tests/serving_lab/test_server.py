@@ -45,7 +45,8 @@ def server(tiny):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    engine = AsyncLLM(PoisonedEngineArgs(str(tiny), num_threads=1, engine_kwargs={"num_kv_blocks": 256}), MODEL)
+    engine = AsyncLLM(PoisonedEngineArgs(str(tiny), num_threads=1, engine_kwargs={"num_kv_blocks": 256},
+                                         trace_requests=True), MODEL)
     app = build_app(engine, api_keys=KEYS, max_pending_requests=MAX_PENDING, max_request_bytes=MAX_BODY,
                     chat_template=CHAT_TEMPLATE)
     uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -386,3 +387,30 @@ def test_bench_serve_simulate_stores_the_prediction_next_to_the_measurement(url,
     assert 0 < simulated["output_throughput"] and simulated["mean_ttft_ms"] <= simulated["mean_e2el_ms"]
     out = capsys.readouterr().out
     assert all(name in out for name in ("output_throughput", "mean_ttft_ms", "measured", "simulated"))
+
+
+def test_a_traced_request_passes_every_box_in_order(url):
+    """--trace-requests: one streamed request's timeline, from both processes, on one clock and in order."""
+    auth = {"Authorization": "Bearer key-acme"}
+    body = {"prompt": [5, 6, 7, 8, 9], "max_tokens": 3, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, headers={**auth, "X-Request-Id": "traced"},
+                      timeout=60) as response:
+        assert response.status_code == 200
+        response.read()
+    trace = httpx.get(f"{url}/debug/trace/traced", headers=auth).json()
+    by_box = {box: [e for e in trace["events"] if e["box"] == box] for box in ("api_server", "engine_core")}
+    api = [e["event"] for e in by_box["api_server"]]
+    core = [e["event"] for e in by_box["engine_core"]]
+    assert api == ["arrived", "tokenized", "sent_to_core"] + ["output_received", "chunk_sent"] * 3, api
+    assert core == ["queued"] + ["scheduled", "sampled", "detokenized"] * 3 + ["finished"], core
+    scheduled = [e["attrs"] for e in by_box["engine_core"] if e["event"] == "scheduled"]
+    assert [(s["num_tokens"], s["num_computed_tokens"]) for s in scheduled] == [(5, 0), (1, 5), (1, 6)]
+    at = {}
+    for e in trace["events"]:  # the two processes share one clock, so causes come before effects
+        at.setdefault(e["event"], []).append(e["time"])
+    assert at["sent_to_core"][0] <= at["queued"][0] <= at["scheduled"][0]
+    for made, received, written in zip(at["detokenized"], at["output_received"], at["chunk_sent"]):
+        assert made <= received <= written
+    assert at["chunk_sent"][-1] <= trace["now"]
+    assert httpx.get(f"{url}/debug/trace/traced").status_code == 401
+    assert_error(httpx.get(f"{url}/debug/trace/never-sent", headers=auth), 404, "request_id")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -101,7 +102,7 @@ class RequestIdMiddleware:
             return
         headers = dict(scope["headers"])
         request_id = headers.get(b"x-request-id", b"").decode("latin-1") or uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        scope.setdefault("state", {}).update(request_id=request_id, arrival_time=time.perf_counter())
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
@@ -245,9 +246,15 @@ def build_app(engine: AsyncLLM, *, served_model_name: str | None = None,
                                             "owned_by": "serving-lab", "root": engine.model_config.model_id,
                                             "max_model_len": engine.model_config.max_model_len}]}
 
+    def trace_arrival(request: Request) -> None:
+        """With --trace-requests: when the request's first bytes reached the server (the middleware's time)."""
+        if engine.tracer is not None:
+            engine.tracer.record(request.state.request_id, "arrived", at=request.state.arrival_time)
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_ready()
+        trace_arrival(request)
         tenant = tenant_of(request, body.user)
         work = state["completion"].create_completion(body, request.state.request_id, tenant)
         return await _with_cancellation(request, work)
@@ -255,6 +262,7 @@ def build_app(engine: AsyncLLM, *, served_model_name: str | None = None,
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_ready()
+        trace_arrival(request)
         tenant = tenant_of(request, body.user)
         work = state["chat"].create_chat_completion(body, request.state.request_id, tenant)
         return await _with_cancellation(request, work)
@@ -295,6 +303,18 @@ def build_app(engine: AsyncLLM, *, served_model_name: str | None = None,
     async def metrics() -> Response:
         check_ready()
         return Response(generate_latest(engine.stat_logger.registry), media_type=CONTENT_TYPE_LATEST)
+
+    if engine.tracer is not None:
+        @app.get("/debug/trace/{request_id}")
+        async def trace(request_id: str, request: Request) -> dict[str, Any]:
+            """One request's timeline (tracing.py); `now` relates it to the caller's perf_counter. Behind
+            the API keys, like every route that is not a probe."""
+            tenant_of(request, None)
+            events = engine.tracer.timeline(request_id)
+            if not events:
+                raise OpenAIError(404, f"no trace of request {request_id!r} (too old, or never seen)", "request_id")
+            return {"request_id": request_id, "now": time.perf_counter(),
+                    "events": [dataclasses.asdict(e) for e in events]}
 
     return RequestIdMiddleware(app, max_request_bytes)
 
@@ -351,8 +371,8 @@ def build_server(args: argparse.Namespace, config: EngineConfig | None = None) -
         knobs |= tenant_knobs(api_keys)
     chat_template = Path(args.chat_template).read_text(encoding="utf-8") if args.chat_template else None
     served_model_name = getattr(args, "served_model_name", None)
-    engine = AsyncLLM(EngineArgs(getattr(args, "model", None), dtype=args.dtype, engine_kwargs=knobs),
-                      served_model_name)
+    engine = AsyncLLM(EngineArgs(getattr(args, "model", None), dtype=args.dtype, engine_kwargs=knobs,
+                                 trace_requests=args.trace_requests), served_model_name)
     app = build_app(engine, served_model_name=served_model_name, api_keys=api_keys,
                     max_pending_requests=args.max_pending_requests, max_request_bytes=args.max_request_bytes,
                     chat_template=chat_template)

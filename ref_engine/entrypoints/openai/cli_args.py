@@ -31,5 +31,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="admission control: open requests beyond this get 429")
     parser.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     parser.add_argument("--chat-template", default=None, help="a jinja2 chat template file (default: the model's)")
+    parser.add_argument("--trace-requests", action="store_true",
+                        help="record each request's timeline; read it at GET /debug/trace/<X-Request-Id>")
     parser.add_argument("--graceful-timeout", type=float, default=30.0,
                         help="seconds open requests may run after SIGINT/SIGTERM (new ones get 503 meanwhile)")

@@ -125,6 +125,11 @@ class OpenAIServing:
             message = str(error)
             raise OpenAIError(400, message, message.split(" ", 1)[0]) from None
 
+    def trace(self, request_id: str, event: str, **attrs: Any) -> None:
+        """Record an API-server event of this HTTP request when the server traces requests."""
+        if self.engine.tracer is not None:
+            self.engine.tracer.record(request_id, event, **attrs)
+
     # ---- generation ----
 
     def choices(self, request_id: str, num_prompts: int, request: SamplingFields,

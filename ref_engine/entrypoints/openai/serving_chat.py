@@ -41,6 +41,7 @@ class OpenAIServingChat(OpenAIServing):
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         token_ids = self.render(request.messages)
+        self.trace(request_id, "tokenized", num_prompt_tokens=len(token_ids))
         max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
         num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
         params = self.sampling_params(request, self.check_prompt(token_ids, max_tokens, "messages"), num_logprobs)
@@ -70,10 +71,12 @@ class OpenAIServingChat(OpenAIServing):
             async for choice, output in stream:
                 completion = output.outputs[0]
                 num_tokens += len(completion.token_ids)
-                yield sse({**head, "choices": [{
+                chunk = sse({**head, "choices": [{
                     "index": choice.index, "delta": {"content": completion.text},
                     "logprobs": self._logprobs(num_logprobs, completion.token_ids, completion.logprobs),
                     "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason}]})
+                self.trace(choice.request_id, "chunk_sent", num_tokens=len(completion.token_ids))
+                yield chunk
         except OpenAIError as error:
             yield sse(error.body())
         if request.stream_options and request.stream_options.include_usage:

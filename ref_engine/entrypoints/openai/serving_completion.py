@@ -45,6 +45,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.best_of is not None and request.best_of != request.n:
             raise OpenAIError(400, "best_of is not implemented by this server (only best_of == n)", "best_of")
         token_ids = self.prompts(request)
+        self.trace(request_id, "tokenized", num_prompt_tokens=sum(len(ids) for ids in token_ids))
         params = [self.sampling_params(request, self.check_prompt(ids, request.max_tokens, "prompt"),
                                        request.logprobs) for ids in token_ids]
         prompts = [self.engine_prompt(ids, request, tenant) for ids in token_ids]
@@ -54,7 +55,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 "model": self.served_model_name}
         stream = self.generate(choices, prompts)
         if request.stream:
-            return self._stream(stream, head, request, num_prompt_tokens)
+            return self._stream(stream, head, request, num_prompt_tokens, request_id)
         results = await accumulate(stream)
         body = [{"index": i, "text": r.text, "finish_reason": r.finish_reason, "stop_reason": r.stop_reason,
                  "logprobs": self._logprobs(request, r.token_ids, r.logprobs, 0)}
@@ -63,7 +64,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 "usage": usage(num_prompt_tokens, sum(len(r.token_ids) for r in results.values()))}
 
     async def _stream(self, stream: AsyncIterator, head: dict[str, Any], request: CompletionRequest,
-                      num_prompt_tokens: int) -> AsyncIterator[str]:
+                      num_prompt_tokens: int, request_id: str) -> AsyncIterator[str]:
         num_tokens = 0
         text_offsets: dict[int, int] = {}
         try:
@@ -72,10 +73,12 @@ class OpenAIServingCompletion(OpenAIServing):
                 num_tokens += len(completion.token_ids)
                 offset = text_offsets.get(choice.index, 0)
                 text_offsets[choice.index] = offset + len(completion.text)
-                yield sse({**head, "choices": [{
+                chunk = sse({**head, "choices": [{
                     "index": choice.index, "text": completion.text, "finish_reason": completion.finish_reason,
                     "stop_reason": completion.stop_reason,
                     "logprobs": self._logprobs(request, completion.token_ids, completion.logprobs, offset)}]})
+                self.trace(choice.request_id, "chunk_sent", num_tokens=len(completion.token_ids))
+                yield chunk
         except OpenAIError as error:
             yield sse(error.body())
         if request.stream_options and request.stream_options.include_usage:

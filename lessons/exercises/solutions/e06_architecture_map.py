@@ -1,0 +1,41 @@
+"""Reference solutions of lesson 6's exercises (E06.1, E06.2). Try them yourself first.
+
+E06.1 groups the rows of the lesson's own breakdown (`ttft_breakdown`). E06.2: under FCFS with room for
+`max_num_seqs` requests, a burst of equal requests runs in waves; a wave holds its slots for `output_len`
+steps (one prefill step, which samples the first token, then output_len - 1 decode steps), so request k
+starts with wave k // max_num_seqs.
+
+Lesson: lessons/06-architecture-map.md#exercises
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from serving_lab.experiments.architecture import TracedRequest, ttft_breakdown
+
+__all__ = ["first_step", "queue_time", "ttft_parts"]
+
+# the parts of `ttft_breakdown`'s ten rows, in path order
+PARTS = ("front_end",) * 4 + ("queueing", "prefill") + ("return",) * 4
+
+
+def ttft_parts(events: list[dict[str, Any]], sent: float, first_chunk: float) -> dict[str, float]:
+    """E06.1: the lesson's breakdown, its rows summed into four parts."""
+    queued = next(e for e in events if e["event"] == "queued")
+    traced = TracedRequest(queued["request_id"], queued["attrs"]["num_prompt_tokens"], 1, sent, [first_chunk],
+                           events)
+    parts = dict.fromkeys(PARTS, 0.0)
+    for part, row in zip(PARTS, ttft_breakdown(traced), strict=True):
+        parts[part] += row["ms"] / 1000
+    return parts
+
+
+def first_step(k: int, max_num_seqs: int, output_len: int) -> int:
+    """E06.2a: wave k // max_num_seqs starts after that many waves of output_len steps."""
+    return (k // max_num_seqs) * output_len
+
+
+def queue_time(k: int, max_num_seqs: int, output_len: int, prefill_s: float, decode_s: float) -> float:
+    """E06.2b: each earlier wave took one prefill step and output_len - 1 decode steps."""
+    return (k // max_num_seqs) * (prefill_s + (output_len - 1) * decode_s)
