@@ -22,7 +22,7 @@ PROPOSERS = {"ngram": dict(speculative_method="ngram", prompt_lookup_min=1),
              "draft_model": dict(speculative_method="draft_model", speculative_model="self:1")}
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("k", [1, 3, 5])  # one draft token, a middle and the largest k: 2 and 4 add only CI time
 @pytest.mark.parametrize("proposer", list(PROPOSERS))
 def test_greedy_with_speculation_is_greedy_without_it(proposer, k, loaded, prompts, reference):
     llm = LLM(loaded, max_model_len=1024, num_kv_blocks=64, max_num_seqs=32, max_num_batched_tokens=48,
