@@ -43,6 +43,7 @@ from ref_engine.engine import LLMEngine
 from ref_engine.sampling_params import RequestOutputKind, SamplingParams
 from serving_lab.bench_predict import predict
 from serving_lab.bench_serve import BenchRequest, run_benchmark, synthetic_requests
+from serving_lab.calibrate import load_or_calibrate
 
 CONCURRENCIES = (1, 8, 32)
 PROMPT_LEN = 128
@@ -123,6 +124,9 @@ def main() -> None:
     def workload(num: int, seed: int = 0) -> list[BenchRequest]:
         return synthetic_requests(num, PROMPT_LEN, sizes.output_len, seed)
 
+    # the profile first: a calibration between the measured runs would leave the server idle for minutes and
+    # hand (c) a profile of whatever speed the machine had then
+    hardware = args.hardware or load_or_calibrate()
     engine = LLMEngine()
     offline_run(engine, workload(2), 2)  # warm-up
     offline = {c: offline_run(engine, workload(c * sizes.requests_per_slot), c) for c in CONCURRENCIES}
@@ -138,10 +142,10 @@ def main() -> None:
         predictions = []
         for share in RATE_SHARES:
             rate = share * saturation
-            requests = workload(max(8, round(rate * 20)) if not args.quick else 8, seed=1)
+            requests = workload(max(16, round(rate * 60)) if not args.quick else 8, seed=1)  # about a minute
             measured = asyncio.run(run_benchmark(url, requests, request_rate=rate, seed=1, progress=False))
             simulated = predict(requests, request_rate=rate, seed=1, frontend_latency_ms=frontend_ms,
-                                hardware=args.hardware)
+                                hardware=hardware)
             predictions.append((share, rate, measured, simulated))
     finally:
         server.terminate()

@@ -23,6 +23,7 @@ from typing import Any
 
 from ref_engine.core.workload import Workload, WorkloadRequest
 from serving_lab.bench_serve import BenchRequest, arrival_gaps
+from sim.hardware import HardwareProfile
 
 # The fields of a prediction printed next to the measurement (all of `RunMetrics.to_dict()` are stored).
 COMPARED_FIELDS = ("output_throughput", "request_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
@@ -55,10 +56,10 @@ def bench_workload(requests: list[BenchRequest], request_rate: float, burstiness
 
 
 def predict(requests: list[BenchRequest], *, request_rate: float = math.inf, burstiness: float = 1.0, seed: int = 0,
-            max_concurrency: int | None = None, config: str | None = None, hardware: str | None = None,
-            frontend_latency_ms: float = 0.0) -> dict[str, Any]:
+            max_concurrency: int | None = None, config: str | None = None,
+            hardware: HardwareProfile | str | None = None, frontend_latency_ms: float = 0.0) -> dict[str, Any]:
     """The simulated run of `bench serve`'s workload (module docstring), as a dict of result fields.
-    `config`: the served deployment's manifest path; `hardware`: a profile name (None: this machine's)."""
+    `config`: the served deployment's manifest path; `hardware`: a profile or its name (None: this machine's)."""
     from serving_lab.manifest import load_manifest, naming_keys
     from sim.simulator import Simulator
 
