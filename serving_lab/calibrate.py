@@ -23,7 +23,7 @@ model, attention path and date, and the fit error per calibration point. It also
 machine was while the grid ran (`steadiness`): a fit taken while another program was using the cores prices
 this machine wrongly (on a 2-core CPU with one core busy, it priced a speculative verify step above the
 tokens it emits), so such a profile is saved flagged `steady: false`, notebooks skip the claims that rest
-on it, and `load_or_calibrate` refits it at the next chance. `serving-lab calibrate` runs it and saves the
+on it, and `load_or_calibrate` refits it once it is an hour old. `serving-lab calibrate` runs it and saves the
 profile where `load_calibrated_profile()` finds it.
 
 Lesson: lessons/01-continuous-batching.md (the cost of a step).
@@ -65,11 +65,16 @@ CALIBRATION_GRID: tuple[tuple[str, int, int, int, int], ...] = (
     ("mixed", 12, 300, 16, 128),
 )
 
-# Rows of CALIBRATION_GRID timed again whenever a saved profile is loaded and around each fidelity case
+# Rows of CALIBRATION_GRID timed again when a saved profile over `REFIT_AFTER_S` old is loaded and around each fidelity case
 # (decode 4 x 64, prefill 1 x 256: about a second each), and the relative change in their time beyond which
 # the profile counts as stale.
 DRIFT_PROBE = (1, 10)
 DRIFT_TOLERANCE = 0.10
+
+# A profile fitted less than this long ago is used as it is (`load_or_calibrate`): within an hour a shared
+# machine's speed moves back and forth by tens of percent (the drift probe moved x0.70-x1.32 between fidelity
+# cases minutes apart), so a refit would be no better than the fit, and the CI run's notebooks share one.
+REFIT_AFTER_S = 60 * 60
 
 # Bounds of a steady calibration (see `steadiness`), from the course machine (2 cores). Beside other short
 # jobs a calibration's repeats disagreed by 9% (median) and its threads waited for a core 6% of the time,
@@ -281,7 +286,8 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
         "device_type": device.type, "dtype": dtype, "threads": num_threads,
         "torch": torch.__version__, "model": loaded.model_id, "attention": "ref_engine pure-torch paged attention",
-        "block_size": block_size, "date": datetime.date.today().isoformat(), "fit_form": FIT_FORM,
+        "block_size": block_size, "date": datetime.date.today().isoformat(),
+        "fitted_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "fit_form": FIT_FORM,
         **steadiness_fields,
     }
     profile, points = fit_profile(loaded.arch, steps, dtype=dtype, memory_bandwidth=bandwidth, block_size=block_size,
@@ -294,7 +300,7 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
     unsteady = unsteady_fit(profile)
     if unsteady:  # said even when not verbose: every claim that rests on this fit will be skipped
         print(f"warning: {unsteady}; claims that rest on it are skipped"
-              + (", and load_or_calibrate refits it at the next chance" if save else ""))
+              + (", and load_or_calibrate refits it once it is an hour old" if save else ""))
     if save:
         path = profile.save()
         if verbose:
@@ -333,18 +339,23 @@ def time_factor(profile: HardwareProfile, loaded: Any) -> float:
 
 
 def load_or_calibrate(model: Any = None, *, dtype: str = "float32", threads: int | None = None) -> HardwareProfile:
-    """The saved profile for this device and dtype, if it was measured on the same model and torch, fitted
-    to today's form of the cost model on a steady machine (`unsteady_fit`), and the machine still runs the
-    drift probe within `DRIFT_TOLERANCE` of calibration time (a few seconds to check); else a fresh
-    calibration, saved for next time (flagged if the machine is unsteady now, so it is refit next time).
+    """This machine's profile, measuring it only when no saved one can serve (a calibration takes ~2 min):
 
-    Notebooks call this: the first one on a machine pays ~2 minutes. The probe is there because a shared
-    machine's speed drifts by tens of percent over an hour, and a profile from a faster or slower hour
-    makes every simulated-vs-measured comparison wrong by that much. A fit taken on a busy machine is
-    wrong whatever the probe says, hence the steadiness check first.
+    - none saved for this device, dtype and thread count, or one measured on another model or torch, or
+      fitted to another form of the cost model: calibrate;
+    - saved less than `REFIT_AFTER_S` ago: used as it is, steady or not. A shared machine's speed moves
+      by tens of percent within minutes and back, so a refit now would be no better than one taken
+      minutes ago, and a busy machine is most likely still busy (a refit would be flagged again); every
+      notebook would pay 2 minutes for nothing. Claims that rest on an unsteady fit are skipped, and runs
+      measured in another state than the profile's are caught by their own slowdown (`experiments.claims`);
+    - older, fitted on an unsteady machine (`unsteady_fit`): refit, whatever the probe says;
+    - older and steady: the drift probe is timed again (a few seconds); beyond `DRIFT_TOLERANCE` of
+      calibration time the machine has changed its state since (a laptop on battery, a new neighbour on
+      the VM), so refit; within it, the profile as saved.
 
-    `threads`: the profile for that many torch threads (probed and calibrated on them, kept under a name
-    of its own, see `calibrate`); the engines of a 1P+1D pair run one thread each."""
+    `serving-lab calibrate` refits on demand. `threads`: the profile for that many torch threads (probed
+    and calibrated on them, kept under a name of its own, see `calibrate`); the engines of a 1P+1D pair run
+    one thread each."""
     import torch
 
     from ref_engine.model.loader import LoadedModel, load_model
@@ -355,20 +366,35 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32", threads: int
         profile = HardwareProfile.named(calibrated_profile_name(device_type, dtype, threads))
     except ValueError:
         profile = None
-    if (profile is not None and profile.provenance.get("model") == loaded.model_id
-            and profile.provenance.get("torch") == torch.__version__
-            and profile.provenance.get("fit_form") == FIT_FORM):
-        unsteady = unsteady_fit(profile)
+    if (profile is None or profile.provenance.get("model") != loaded.model_id
+            or profile.provenance.get("torch") != torch.__version__
+            or profile.provenance.get("fit_form") != FIT_FORM):
+        return calibrate(loaded, dtype=dtype, verbose=False, threads=threads)
+    unsteady = unsteady_fit(profile)
+    age = fit_age_s(profile)
+    if age is not None and age < REFIT_AFTER_S:
         if unsteady:
-            print(f"the saved profile cannot be trusted: {unsteady}; recalibrating (~2 min)")
-            return calibrate(loaded, dtype=dtype, verbose=False, threads=threads)
-        with torch_threads(threads):
-            moved = drift(profile, loaded)
-        if moved is not None and moved <= DRIFT_TOLERANCE:
-            return profile
-        print("the saved profile is stale: " + ("it has no drift probe times" if moved is None else
-              f"this machine's speed moved {100 * moved:.0f}% since it was calibrated") + "; recalibrating (~2 min)")
+            print(f"using the saved profile as it is, though {unsteady}: it is {age / 60:.0f} min old and this "
+                  f"machine is likely still busy (refit after {REFIT_AFTER_S // 60} min, or by `serving-lab calibrate`)")
+        return profile
+    if unsteady:
+        print(f"the saved profile cannot be trusted: {unsteady}; recalibrating (~2 min)")
+        return calibrate(loaded, dtype=dtype, verbose=False, threads=threads)
+    with torch_threads(threads):
+        moved = drift(profile, loaded)
+    if moved is not None and moved <= DRIFT_TOLERANCE:
+        return profile
+    print("the saved profile is stale: " + ("it has no drift probe times" if moved is None else
+          f"this machine's speed moved {100 * moved:.0f}% since it was calibrated") + "; recalibrating (~2 min)")
     return calibrate(loaded, dtype=dtype, verbose=False, threads=threads)
+
+
+def fit_age_s(profile: HardwareProfile) -> float | None:
+    """Seconds since `profile` was fitted (None for one saved without the time)."""
+    fitted_at = profile.provenance.get("fitted_at")
+    if not fitted_at:
+        return None
+    return (datetime.datetime.now(datetime.timezone.utc) - datetime.datetime.fromisoformat(fitted_at)).total_seconds()
 
 
 def calibrated_profile_name(device_type: str, dtype: str, threads: int | None = None) -> str:

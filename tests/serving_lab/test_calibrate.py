@@ -1,6 +1,7 @@
 """Calibration on a tiny random model: the profile is saved with its drift-probe times and how steady the
-machine was, a fit taken on an unsteady machine is flagged, and `load_or_calibrate` reuses a saved profile
-only while it was fitted on a steady machine and the machine still runs the probe at the same speed.
+machine was, a fit taken on an unsteady machine is flagged, and `load_or_calibrate` uses a profile fitted
+within the hour as it is, and an older one only while it was fitted on a steady machine and the machine
+still runs the probe at the same speed.
 
 The tiny model's grid runs once, for real; each test then fakes the machine around those runs (the
 repeats' spread, the time our threads waited for a core), so steadiness is the test's choice, not the
@@ -8,6 +9,7 @@ machine's."""
 
 from __future__ import annotations
 
+import datetime
 import time
 from dataclasses import replace
 
@@ -106,45 +108,74 @@ def test_cpu_clock_counts_this_process_running():
 
 def _probe_at(monkeypatch, saved, factor: float) -> list[str]:
     """Make the machine run the drift probe `factor` times as long as at calibration; returns a log that
-    gets "recalibrated" each time `load_or_calibrate` refits."""
+    gets "probed" each time the probe runs and "recalibrated" each time `load_or_calibrate` refits."""
     log: list[str] = []
-    monkeypatch.setattr(calibration, "time_drift_probe",
-                        lambda loaded, seed=0: [factor * t for t in saved.provenance["drift_probe_s"]])
+    monkeypatch.setattr(calibration, "time_drift_probe", lambda loaded, seed=0: log.append("probed") or [
+        factor * t for t in saved.provenance["drift_probe_s"]])
     monkeypatch.setattr(calibration, "calibrate", lambda *args, **kwargs: log.append("recalibrated") or saved)
     return log
 
 
+def _saved_as(monkeypatch, tmp_path, saved, *, age_s: float | None, **provenance) -> HardwareProfile:
+    """`saved` with `provenance` changed (None: a key removed), fitted `age_s` seconds ago (None: a profile
+    saved before calibration recorded the time), saved into a cache of its own."""
+    fields = {**saved.provenance, **provenance}
+    fields["fitted_at"] = None if age_s is None else (
+        datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=age_s)).isoformat(timespec="seconds")
+    profile = replace(saved, provenance={k: v for k, v in fields.items() if v is not None})
+    monkeypatch.setenv("SERVING_LAB_CACHE", str(tmp_path))  # leave `saved` where it is
+    profile.save()
+    return profile
+
+
+HOUR_OLD = calibration.REFIT_AFTER_S + 60
+
+
 @pytest.mark.parametrize("factor", [1.0, 1.05, 0.95])
-def test_saved_profile_is_reused_while_the_machine_runs_at_the_same_speed(monkeypatch, saved, tiny, factor):
+def test_an_old_profile_is_reused_while_the_machine_runs_at_the_same_speed(monkeypatch, tmp_path, saved, tiny, factor):
+    old = _saved_as(monkeypatch, tmp_path, saved, age_s=HOUR_OLD)
     log = _probe_at(monkeypatch, saved, factor)
-    assert calibration.load_or_calibrate(tiny) == saved
-    assert log == []
+    assert calibration.load_or_calibrate(tiny) == old
+    assert log == ["probed"]
 
 
 @pytest.mark.parametrize("factor", [1.2, 0.8])
-def test_saved_profile_is_refit_when_the_machine_speed_moved(monkeypatch, saved, tiny, factor, capsys):
+@pytest.mark.parametrize("age_s", [HOUR_OLD, None], ids=["an-hour-old", "time-not-recorded"])
+def test_an_old_profile_is_refit_when_the_machine_speed_moved(monkeypatch, tmp_path, saved, tiny, factor, age_s,
+                                                              capsys):
+    _saved_as(monkeypatch, tmp_path, saved, age_s=age_s)
     log = _probe_at(monkeypatch, saved, factor)
     calibration.load_or_calibrate(tiny)
-    assert log == ["recalibrated"]
+    assert log == ["probed", "recalibrated"]
     assert "20% since it was calibrated" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("recorded", ["unsteady", "not recorded"])
-def test_saved_profile_fitted_on_an_unsteady_machine_is_refit(monkeypatch, tmp_path, saved, tiny, capsys, recorded):
-    log = _probe_at(monkeypatch, saved, 1.0)  # the drift probe alone would keep it
-    provenance = dict(saved.provenance)
+def test_an_old_profile_fitted_on_an_unsteady_machine_is_refit(monkeypatch, tmp_path, saved, tiny, capsys, recorded):
     if recorded == "unsteady":
-        provenance.update(steady=False, repeat_spread_pct=30.0)
+        _saved_as(monkeypatch, tmp_path, saved, age_s=HOUR_OLD, steady=False, repeat_spread_pct=30.0)
     else:  # a profile saved before calibration recorded steadiness
-        for key in ("steady", "repeat_spread_pct", "cpu_wait_pct"):
-            del provenance[key]
-    monkeypatch.setenv("SERVING_LAB_CACHE", str(tmp_path))  # leave `saved` where it is
-    replace(saved, provenance=provenance).save()
+        _saved_as(monkeypatch, tmp_path, saved, age_s=HOUR_OLD, steady=None, repeat_spread_pct=None,
+                  cpu_wait_pct=None)
+    log = _probe_at(monkeypatch, saved, 1.0)  # the drift probe alone would keep it
     calibration.load_or_calibrate(tiny)
     assert log == ["recalibrated"]
     out = capsys.readouterr().out
     assert "the saved profile cannot be trusted" in out
     assert ("fitted on a busy machine" if recorded == "unsteady" else "does not record how steady") in out
+
+
+@pytest.mark.parametrize("steady", [True, False])
+def test_a_profile_fitted_within_the_hour_is_used_as_it_is(monkeypatch, tmp_path, saved, tiny, capsys, steady):
+    """However far the probe would have moved, and even when it was fitted on a busy machine: the CI run's
+    notebooks and a student's afternoon share one calibration instead of paying 2 minutes each."""
+    young = _saved_as(monkeypatch, tmp_path, saved, age_s=calibration.REFIT_AFTER_S - 60,
+                      **({} if steady else {"steady": False, "cpu_wait_pct": 40.0}))
+    log = _probe_at(monkeypatch, saved, 1.5)
+    assert calibration.load_or_calibrate(tiny) == young
+    assert log == []
+    out = capsys.readouterr().out
+    assert (out == "") if steady else ("using the saved profile as it is, though" in out and "59 min old" in out)
 
 
 def test_time_factor_is_the_probe_now_over_then(monkeypatch, saved, tiny):
@@ -172,7 +203,9 @@ def test_a_profile_for_one_thread_is_measured_on_it_and_kept_beside_the_default(
         assert threads_seen == [1] and torch.get_num_threads() == 2  # the grid ran on one thread, then restored
         assert one.name == "calibrated-cpu-float32-1-threads" and one.provenance["threads"] == 1
         assert HardwareProfile.named(saved.name) == saved and HardwareProfile.named(one.name) == one
-        assert calibration.load_or_calibrate(tiny, threads=1) == one  # reused: probed on one thread, no new grid
+        assert calibration.load_or_calibrate(tiny, threads=1) == one and threads_seen == [1]  # within the hour
+        aged = _saved_as(monkeypatch, tmp_path, one, age_s=HOUR_OLD)
+        assert calibration.load_or_calibrate(tiny, threads=1) == aged  # reused: probed on one thread, no new grid
         assert threads_seen == [1, 1]
     finally:
         torch.set_num_threads(before)

@@ -204,15 +204,17 @@ def test_64_concurrent_streams_each_get_their_tokens(url):
 
 
 def test_preemption_shows_in_metrics_when_kv_blocks_run_short(url):
-    """32 distinct 100-token prompts fit the pool's 256 blocks of 16 tokens (7 blocks each); decoding 60
-    tokens each needs 10 blocks each, 320 in all, so the scheduler must preempt, and every request still
-    gets all its tokens."""
+    """32 distinct 100-token prompts fit the pool's 256 blocks of 16 tokens (7 blocks each); with 150
+    tokens decoded each needs 16 blocks, so any 17 of them running at once need more than the pool, and the
+    scheduler must preempt however the requests' arrivals at the core spread out (with 60 tokens, 10 blocks
+    each, a slow CI machine once spread them enough that none was preempted). Every request still gets all
+    its tokens."""
     before = metrics(url)
     prompts = [f"{i:03d}" + "x" * 97 for i in range(32)]
-    response = post(url, "/v1/completions", {"prompt": prompts, "max_tokens": 60, "ignore_eos": True})
+    response = post(url, "/v1/completions", {"prompt": prompts, "max_tokens": 150, "ignore_eos": True})
     assert response.status_code == 200, response.text
     assert [c["finish_reason"] for c in response.json()["choices"]] == ["length"] * 32
-    assert response.json()["usage"]["completion_tokens"] == 32 * 60
+    assert response.json()["usage"]["completion_tokens"] == 32 * 150
     after = metrics(url)
     events = sample(after, "vllm:num_preemptions_total") - sample(before, "vllm:num_preemptions_total")
     sequences = (sample(after, "serving_lab:preempted_requests_total")
