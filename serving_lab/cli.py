@@ -41,7 +41,7 @@ def _serve(args: argparse.Namespace) -> None:
 
 def serve_config(args: argparse.Namespace) -> EngineConfig | None:
     """`serve --config MANIFEST`: read the manifest with the given flags written over its keys, put its
-    model and served name into `args`, and return its engine config, checked against the model's context
+    model, served name and `api.stream` (`allow_streaming`) into `args`, and return its engine config, checked against the model's context
     length so that a bad value stops here, named by its key, rather than in the engine-core process.
     Without `--config`, the flags that only override a manifest are refused; returns None."""
     from serving_lab.manifest import OVERRIDE_FLAGS, load_manifest, naming_keys, simulated_arch
@@ -59,6 +59,7 @@ def serve_config(args: argparse.Namespace) -> EngineConfig | None:
     manifest = load_manifest(args.config, overrides)
     engine = manifest.llm_kwargs()
     args.model, args.served_model_name = engine["model"], manifest.engine.served_model_name
+    args.allow_streaming = manifest.api.stream
     with naming_keys():
         return engine["config"].for_model(simulated_arch(manifest.engine.model, "engine.model")
                                           .max_position_embeddings)

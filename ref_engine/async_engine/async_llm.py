@@ -114,9 +114,7 @@ class AsyncLLM:
         """End every open stream with `EngineDeadError(reason)` (the server is going, so the client should
         retry elsewhere: a 503) and abort its request in the core, which frees its blocks: the end of a
         graceful shutdown whose requests outlived the drain."""
-        for request_id, queue in list(self._streams.items()):
-            queue.put_nowait(EngineDeadError(reason))
-            self.abort(request_id)
+        self._end_streams(EngineDeadError(reason), abort_in_core=True)
 
     async def reset_prefix_cache(self) -> bool:
         """Forget the prefix cache; False while requests hold blocks (nothing changes then)."""
@@ -154,8 +152,15 @@ class AsyncLLM:
     def _fail_all(self, message: str) -> None:
         """The core is gone (or going): end every open stream with `message`."""
         self.dead_error = message
-        for queue in self._streams.values():
-            queue.put_nowait(RequestError(message))
+        self._end_streams(RequestError(message), abort_in_core=False)
+
+    def _end_streams(self, error: Exception, *, abort_in_core: bool) -> None:
+        """Put `error` on every open stream; with `abort_in_core`, also abort its request in the core, which
+        frees its blocks (pointless once the core is gone)."""
+        for request_id, queue in list(self._streams.items()):
+            queue.put_nowait(error)
+            if abort_in_core:
+                self.abort(request_id)
 
     async def shutdown(self) -> None:
         """Graceful: the core aborts what it runs (freeing the blocks) and exits; open streams end."""

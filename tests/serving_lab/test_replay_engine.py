@@ -2,25 +2,20 @@
 
 The real engine serves a workload with Poisson arrivals and a pool small enough to preempt. The simulator
 then runs the same workload with a `ReplayTimer` whose durations are the gaps between the engine's step
-starts, so each simulated step starts when the engine's did and sees the same arrivals. (Arrivals before
-the engine's first step are moved to that step's start: the engine notices a request a fraction of a
-millisecond after it arrives, and the replay starts from what the engine saw.) Since both run the
+starts, so each simulated step starts when the engine's did and sees the same arrivals (tests/engine_replay.py).
+Since both run the
 same core scheduler, every step's batch (which requests, how many tokens, at what context) and every
 preemption must be identical: only the timing model can make the two sides differ, and here it cannot.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from itertools import pairwise
-
 import pytest
+from engine_replay import batches, replay
 
 from ref_engine.bench import run
 from ref_engine.core import EngineConfig, Workload
 from ref_engine.model.loader import load_model
-from sim import Simulator
-from sim.executor import ReplayTimer
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +29,9 @@ def test_replayed_simulation_makes_the_engines_decisions(tiny, preemption_mode):
     config = EngineConfig(max_num_seqs=6, max_num_batched_tokens=64, num_kv_blocks=24, block_size=8,
                           preemption_mode=preemption_mode, num_swap_blocks=12)
     measured = run(workload, config, model=tiny)
-    starts = [s.start for s in measured.steps]
-    gaps = [b - a for a, b in pairwise(starts)] + [measured.steps[-1].duration]
-    seen = Workload(tuple(replace(r, arrival_time=max(r.arrival_time, starts[0])) for r in workload.requests),
-                    workload.seed, "as the engine saw it")
-    simulated = Simulator(tiny.arch, "local-cpu", config, dtype="float32", step_timer=ReplayTimer(gaps)).run(seen)
+    simulated = replay(measured, workload, config, tiny.arch)
 
     assert measured.num_preemptions > 0, "the pool was meant to be small enough to preempt"
-    assert [(s.query_lens, s.context_lens) for s in simulated.steps] == \
-        [(s.query_lens, s.context_lens) for s in measured.steps]
+    assert batches(simulated) == batches(measured)
     assert simulated.num_preemptions == measured.num_preemptions
-    assert [s.start for s in simulated.steps] == pytest.approx(starts, abs=1e-9)
+    assert [s.start for s in simulated.steps] == pytest.approx([s.start for s in measured.steps], abs=1e-9)

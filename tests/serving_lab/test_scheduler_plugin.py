@@ -11,25 +11,21 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterator
-from dataclasses import replace
-from itertools import pairwise
 
 import pytest
+from engine_replay import batches, replay
 
 from ref_engine.bench import run
 from ref_engine.core import (
     EngineConfig,
     Request,
     RequestQueue,
-    RunMetrics,
     Scheduler,
     Workload,
     WorkloadRequest,
     register_scheduler,
 )
 from ref_engine.model.loader import load_model
-from sim import Simulator
-from sim.executor import ReplayTimer
 
 
 class ShortestPromptFirstQueue(RequestQueue):
@@ -72,19 +68,6 @@ def tiny(make_tiny_hf_model):
     return load_model(make_tiny_hf_model("llama", name="plugin-llama", max_position_embeddings=512))
 
 
-def replay(measured: RunMetrics, workload: Workload, config: EngineConfig, tiny) -> RunMetrics:
-    """The simulator fed the engine's step times, and its arrivals as the engine saw them."""
-    starts = [s.start for s in measured.steps]
-    gaps = [b - a for a, b in pairwise(starts)] + [measured.steps[-1].duration]
-    seen = Workload(tuple(replace(r, arrival_time=max(r.arrival_time, starts[0])) for r in workload.requests),
-                    workload.seed, "as the engine saw it")
-    return Simulator(tiny.arch, "local-cpu", config, dtype="float32", step_timer=ReplayTimer(gaps)).run(seen)
-
-
-def batches(metrics: RunMetrics) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    return [(s.query_lens, s.context_lens) for s in metrics.steps]
-
-
 @pytest.mark.parametrize("scheduling", ["continuous", "shortest-prompt-first"])
 def test_shorter_prompts_are_admitted_first(tiny, scheduling):
     """One request at a time, all queued at once: each prefill is one step of the whole prompt, so the
@@ -94,7 +77,7 @@ def test_shorter_prompts_are_admitted_first(tiny, scheduling):
     config = EngineConfig(max_num_seqs=1, max_num_batched_tokens=64, block_size=8, num_kv_blocks=32,
                           scheduling=scheduling)
     measured = run(workload, config, model=tiny)
-    simulated = replay(measured, workload, config, tiny)
+    simulated = replay(measured, workload, config, tiny.arch)
 
     expected = sorted(lengths) if scheduling == "shortest-prompt-first" else list(lengths)
     for metrics in (measured, simulated):
@@ -108,7 +91,7 @@ def test_replayed_simulation_makes_the_plugin_policys_decisions(tiny):
     config = EngineConfig(max_num_seqs=6, max_num_batched_tokens=64, num_kv_blocks=24, block_size=8,
                           scheduling="shortest-prompt-first")
     measured = run(workload, config, model=tiny)
-    simulated = replay(measured, workload, config, tiny)
+    simulated = replay(measured, workload, config, tiny.arch)
 
     assert measured.num_preemptions > 0, "the pool was meant to be small enough to preempt"
     assert batches(simulated) == batches(measured)

@@ -7,35 +7,20 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import replace
-from itertools import pairwise
 
 import pytest
+from engine_replay import batches, replay
 
 from ref_engine.bench import run
 from ref_engine.core import EngineConfig, RunMetrics, Workload
 from ref_engine.engine import LLM
 from ref_engine.model.loader import load_model
 from ref_engine.sampling_params import SamplingParams
-from sim import Simulator
-from sim.executor import ReplayTimer
 
 
 @pytest.fixture(scope="module")
 def tiny(make_tiny_hf_model):
     return load_model(make_tiny_hf_model("llama", name="policy-llama", max_position_embeddings=512))
-
-
-def replay(measured: RunMetrics, workload: Workload, config: EngineConfig, tiny) -> RunMetrics:
-    """The simulator fed the engine's step times, and its arrivals as the engine saw them."""
-    starts = [s.start for s in measured.steps]
-    gaps = [b - a for a, b in pairwise(starts)] + [measured.steps[-1].duration]
-    seen = replace(workload, requests=tuple(replace(r, arrival_time=max(r.arrival_time, starts[0]))
-                                            for r in workload.requests))
-    return Simulator(tiny.arch, "local-cpu", config, dtype="float32", step_timer=ReplayTimer(gaps)).run(seen)
-
-
-def batches(metrics: RunMetrics) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    return [(s.query_lens, s.context_lens) for s in metrics.steps]
 
 
 def output_tokens_by(metrics: RunMetrics, tenant: str, until: float) -> int:
@@ -52,7 +37,7 @@ def test_weights_one_to_three_share_output_tokens_one_to_three_on_both_sides(tin
     config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=64, block_size=8, num_kv_blocks=64,
                           scheduling_policy="fair", tenant_weights=weights)
     measured = run(workload, config, model=tiny)
-    simulated = replay(measured, workload, config, tiny)
+    simulated = replay(measured, workload, config, tiny.arch)
     assert batches(simulated) == batches(measured)
     for metrics in (measured, simulated):
         both_backlogged = max(row.first_scheduled_time for row in metrics.requests if row.tenant == "heavy")
@@ -79,7 +64,7 @@ def test_a_high_priority_request_preempts_and_the_replay_agrees(tiny):
     config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, block_size=8, num_kv_blocks=30,
                           scheduling_policy="priority")
     measured = run(workload, config, model=tiny)
-    simulated = replay(measured, workload, config, tiny)
+    simulated = replay(measured, workload, config, tiny.arch)
     assert measured.num_preemptions > 0
     assert batches(simulated) == batches(measured)
     for metrics in (measured, simulated):

@@ -14,12 +14,16 @@ import signal
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
 import yaml
 
 from ref_engine.entrypoints.openai.api_server import build_server
+from ref_engine.entrypoints.openai.protocol import CompletionRequest
+from ref_engine.entrypoints.openai.serving import OpenAIError
+from ref_engine.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from serving_lab import cli
 from serving_lab.manifest import EXAMPLE_MANIFEST
 
@@ -52,6 +56,22 @@ def test_a_bad_manifest_or_flag_exits_2_with_one_line_naming_the_key(tmp_path, t
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and key in err and "Traceback" not in err, err
+
+
+def test_a_manifest_that_does_not_stream_answers_stream_requests_with_400(tmp_path, tiny):
+    data = yaml.safe_load(EXAMPLE_MANIFEST.read_text())
+    data["api"]["stream"] = False
+    (tmp_path / "no-stream.yaml").write_text(yaml.safe_dump(data))
+    args = cli.build_parser().parse_args(["serve", str(tiny), "--config", str(tmp_path / "no-stream.yaml"),
+                                          "--max-model-len", "256"])
+    cli.serve_config(args)
+    assert args.allow_streaming is False
+    engine = SimpleNamespace(model_config=SimpleNamespace(scheduling_policy="fair"))
+    serving = OpenAIServingCompletion(engine, "smollm2", 8, allow_streaming=args.allow_streaming)
+    serving.check_supported(CompletionRequest(prompt="x"))  # a whole response is fine
+    with pytest.raises(OpenAIError) as error:
+        serving.check_supported(CompletionRequest(prompt="x", stream=True))
+    assert (error.value.status, error.value.param) == (400, "stream") and "api.stream: false" in error.value.message
 
 
 async def collect(http: httpx.AsyncClient, body: dict, started: asyncio.Event) -> list[dict]:

@@ -157,8 +157,10 @@ async def _with_cancellation(request: Request, work: Awaitable[dict[str, Any] | 
 
 def build_app(engine: AsyncLLM, *, served_model_name: str | None = None,
               api_keys: dict[str, ApiKey] | None = None, max_pending_requests: int = 256,
-              max_request_bytes: int = 1 << 20, chat_template: str | None = None) -> FastAPI:
-    """The app around an `AsyncLLM` that is not started yet: the app's lifespan starts and stops it."""
+              max_request_bytes: int = 1 << 20, chat_template: str | None = None,
+              allow_streaming: bool = True) -> FastAPI:
+    """The app around an `AsyncLLM` that is not started yet: the app's lifespan starts and stops it.
+    `allow_streaming=False` answers `stream=true` with a 400 (a manifest's `api.stream: false`)."""
     state: dict[str, Any] = {"ready": False, "stopping": False, "start_error": None}
 
     async def start_engine() -> None:
@@ -171,8 +173,8 @@ def build_app(engine: AsyncLLM, *, served_model_name: str | None = None,
         if chat_template is not None:
             engine.tokenizer.chat_template = chat_template
         name = served_model_name or engine.model_name
-        state["completion"] = OpenAIServingCompletion(engine, name, max_pending_requests)
-        state["chat"] = OpenAIServingChat(engine, name, max_pending_requests)
+        state["completion"] = OpenAIServingCompletion(engine, name, max_pending_requests, allow_streaming)
+        state["chat"] = OpenAIServingChat(engine, name, max_pending_requests, allow_streaming)
         state["ready"] = True
 
     @asynccontextmanager
@@ -362,7 +364,8 @@ def run_server(args: argparse.Namespace, config: EngineConfig | None = None) -> 
 
 def build_server(args: argparse.Namespace, config: EngineConfig | None = None) -> DrainingServer:
     """The server `serving-lab serve` runs, not started. `config`: a deployment's whole engine config (a
-    manifest's); without one the flags set the knobs they name."""
+    manifest's); without one the flags set the knobs they name. `args.allow_streaming` (a manifest's
+    `api.stream`, default True): False answers `stream=true` with a 400."""
     api_keys = load_api_keys(args.api_key_file) if args.api_key_file else None
     knobs: dict[str, Any] = {"config": config} if config is not None else {
         name: getattr(args, name) for name in ("max_model_len", "max_num_seqs", "scheduling_policy")
@@ -375,7 +378,7 @@ def build_server(args: argparse.Namespace, config: EngineConfig | None = None) -
                                  trace_requests=args.trace_requests), served_model_name)
     app = build_app(engine, served_model_name=served_model_name, api_keys=api_keys,
                     max_pending_requests=args.max_pending_requests, max_request_bytes=args.max_request_bytes,
-                    chat_template=chat_template)
+                    chat_template=chat_template, allow_streaming=getattr(args, "allow_streaming", True))
     # the drain has already waited for open requests; uvicorn's own wait only covers stragglers
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, timeout_graceful_shutdown=5, log_level="info")
     # app.app: the FastAPI app inside RequestIdMiddleware, whose state says "stopping" to every route

@@ -62,10 +62,12 @@ class Choice:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLM, served_model_name: str, max_pending_requests: int) -> None:
+    def __init__(self, engine: AsyncLLM, served_model_name: str, max_pending_requests: int,
+                 allow_streaming: bool = True) -> None:
         self.engine = engine
         self.served_model_name = served_model_name
         self.max_pending_requests = max_pending_requests
+        self.allow_streaming = allow_streaming  # False: a deployment whose manifest says `api.stream: false`
 
     # ---- checks ----
 
@@ -85,6 +87,9 @@ class OpenAIServing:
                                    "--scheduling-policy priority", "priority")
         if request.n < 1:
             raise OpenAIError(400, f"n must be >= 1, got {request.n}", "n")
+        if request.stream and not self.allow_streaming:
+            raise OpenAIError(400, "this deployment does not stream (its manifest says api.stream: false); "
+                                   "send stream=false", "stream")
         if request.stream_options is not None and not request.stream:
             raise OpenAIError(400, "stream_options is only allowed with stream=true", "stream_options")
 
