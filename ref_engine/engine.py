@@ -84,19 +84,24 @@ class _RequestState:
 class LLMEngine:
     def __init__(self, model: str | Path | LoadedModel | None = None, *, dtype: str | torch.dtype = "float32",
                  device: str | torch.device | None = None, config: EngineConfig | None = None,
-                 kv_transfer_config: KVTransferConfig | None = None, **knobs: Any) -> None:
+                 kv_transfer_config: KVTransferConfig | None = None, quantization: str | None = None,
+                 **knobs: Any) -> None:
         """`model`: a path, None for the default SmolLM2, or an already `LoadedModel` (so sweeps load the
-        weights once and build one engine per configuration). `kv_transfer_config`: this engine's role in
-        a disaggregated pair, if any."""
+        weights once and build one engine per configuration; it comes quantized or not). `kv_transfer_config`:
+        this engine's role in a disaggregated pair, if any. `quantization`: None (the float reference) or
+        "int8" (W8A8, ref_engine/model/quantization.py)."""
         config = config or EngineConfig()
         self.config = config.replace(**knobs) if knobs else config
         if isinstance(model, LoadedModel):
+            if quantization != model.quantization and quantization is not None:
+                raise ValueError(f"quantization={quantization!r}, but the given LoadedModel was loaded with "
+                                 f"quantization={model.quantization!r} (pass load_model(..., quantization=...))")
             loaded = model
             self.device = next(model.model.parameters()).device
         else:
             self.device = torch.device(device) if device else torch.device(
                 "cuda" if torch.cuda.is_available() else "cpu")
-            loaded = load_model(model, dtype=dtype, device=self.device)
+            loaded = load_model(model, dtype=dtype, device=self.device, quantization=quantization)
         self.model_id = loaded.model_id
         self.arch = loaded.arch
         self.tokenizer = loaded.tokenizer

@@ -10,6 +10,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ref_engine.core.config import QUANTIZATION_METHODS
+
 if TYPE_CHECKING:
     from ref_engine.core.config import EngineConfig
 
@@ -24,7 +26,7 @@ def _pull(args: argparse.Namespace) -> None:
 def _generate(args: argparse.Namespace) -> None:
     from ref_engine import LLM, SamplingParams
 
-    llm = LLM(args.model, dtype=args.dtype)
+    llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization)
     tokenizer = llm.get_tokenizer()
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat else p
                for p in args.prompts]
@@ -156,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompts", nargs="+")
     p.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
+                   help="int8: W8A8 weights and activations (faster on x86 CPUs; quality in benchmarks/RESULTS.md)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)

@@ -19,6 +19,9 @@ from ref_engine.core.scheduler_registry import SCHEDULERS, SCHEDULING_POLICIES
 PreemptionMode = Literal["recompute", "swap"]
 KVAllocation = Literal["paged", "contiguous", "contiguous_exact"]
 SpeculativeMethod = Literal["ngram", "draft_model"]
+# How the engine may store its weights besides the float reference (ref_engine/model/quantization.py): a
+# load-time choice, not a scheduler knob, listed here because the command lines offer it without torch.
+QUANTIZATION_METHODS = ("int8",)
 TenantTable = tuple[tuple[str, Any], ...]  # (tenant, value) pairs, sorted by tenant: hashable, unlike a dict
 
 

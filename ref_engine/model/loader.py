@@ -9,7 +9,8 @@ device and streams the weights into it:
 * a folder with `config.json`      -> Hugging Face safetensors checkpoint
 * a file starting with b"GGUF"     -> llama.cpp GGUF file
 
-Weights are computed in float32 or bfloat16, whatever the file stores.
+Weights are computed in float32 or bfloat16, whatever the file stores, or with `quantization="int8"` in
+int8 (ref_engine/model/quantization.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ref_engine.model.arch_config import ArchConfig
 from ref_engine.model.llama import LlamaForCausalLM
 from ref_engine.model.loader_gguf import GGUFCheckpoint
 from ref_engine.model.loader_hf import HFCheckpoint
+from ref_engine.model.quantization import check_quantization, quantize_model
 from ref_engine.model.tokenizer import Tokenizer
 
 SUPPORTED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -38,14 +40,17 @@ class LoadedModel:
     tokenizer: Tokenizer
     arch: ArchConfig
     eos_token_ids: set[int]
-    model_id: str  # names the weights (file stem or folder name); prefix-cache hashes include it
+    model_id: str  # names the weights (file stem or folder name, "+int8" when quantized); prefix-cache hashes include it
+    quantization: str | None = None  # None: the float reference; "int8": ref_engine/model/quantization.py
 
 
 def load_model(path: str | Path | None = None, dtype: torch.dtype | str = "float32",
-               device: torch.device | str | None = None) -> LoadedModel:
-    """Load a model from `path` (see the module docstring) onto `device` (default: CUDA if present)."""
+               device: torch.device | str | None = None, quantization: str | None = None) -> LoadedModel:
+    """Load a model from `path` (see the module docstring) onto `device` (default: CUDA if present), its
+    projections quantized if `quantization` says so (`quantization.QUANTIZATION_METHODS`)."""
     torch_dtype = resolve_dtype(dtype)
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    check_quantization(quantization, torch_dtype, device)
     path = Path(path) if path is not None else store.default_model_path()
     checkpoint = _open_checkpoint(path)
     tokenizer = checkpoint.tokenizer()
@@ -54,8 +59,13 @@ def load_model(path: str | Path | None = None, dtype: torch.dtype | str = "float
         model.load_weights(checkpoint.weights())
     except ValueError as err:  # a missing, unexpected or misshapen tensor: say which file
         raise ValueError(f"{path}: {err}") from None
+    model_id = checkpoint.model_id
+    if quantization is not None:
+        quantize_model(model, quantization)
+        model_id += f"+{quantization}"  # other numbers: neither its prefix cache nor its profile is the float one's
     return LoadedModel(model=model.eval(), tokenizer=tokenizer, arch=checkpoint.arch,
-                       eos_token_ids=checkpoint.eos_token_ids(tokenizer), model_id=checkpoint.model_id)
+                       eos_token_ids=checkpoint.eos_token_ids(tokenizer), model_id=model_id,
+                       quantization=quantization)
 
 
 def read_arch(path: str | Path) -> ArchConfig:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from ref_engine.core.config import QUANTIZATION_METHODS
+
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=argparse.SUPPRESS,
@@ -24,6 +26,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-file", default=None,
                         help='JSON: {"<key>": {"tenant": "...", "weight": 1.0, "max_num_seqs": null}}')
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
+                        help="int8: W8A8 weights and activations (ref_engine/model/quantization.py)")
     parser.add_argument("--max-model-len", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--max-num-seqs", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--scheduling-policy", default=None, choices=["fcfs", "priority", "fair"])
