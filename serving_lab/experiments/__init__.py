@@ -29,6 +29,7 @@ from serving_lab.experiments.architecture import (
     architecture_diagram,
     load_rows,
     max_batch_size,
+    request_slowdown,
     simulated_request,
     step_rows,
     trace_request,
@@ -113,7 +114,7 @@ from serving_lab.experiments.speculation import (
 __all__ = [
     # lesson 6
     "TracedRequest", "TracedServer", "admission_order", "architecture_diagram", "load_rows", "max_batch_size",
-    "simulated_request", "step_rows", "trace_request", "traced_load", "ttft_breakdown",
+    "request_slowdown", "simulated_request", "step_rows", "trace_request", "traced_load", "ttft_breakdown",
     "COMPARED",
     "POLICY_COUNTS",
     "Sides",

@@ -22,6 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import httpx
@@ -30,6 +31,7 @@ from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import relative_error
 from ref_engine.core.workload import Workload, WorkloadRequest
 from serving_lab.experiments.common import Sides
+from sim.cost_model import BatchShape
 
 # ---- the diagram ----
 
@@ -292,6 +294,18 @@ def simulated_request(traced: TracedRequest, sides: Sides, config: EngineConfig 
                      "simulated_err_pct": relative_error(value, core),
                      "vs_client_err_pct": relative_error(value, client)})
     return rows
+
+
+def request_slowdown(traced: TracedRequest, sides: Sides) -> float:
+    """`common.machine_slowdown` for a request that ran alone: the median, over its steps, of the core's
+    forward + sampling time over the cost model's price of that step (one row: its new tokens after its
+    cached context). About 1 while the machine is in the state its profile was fitted in; it gates the
+    timing claims of the experiments run beside it (`claims.machine_note(..., slowdowns=[...])`)."""
+    cost_model = sides.cost_model()
+    sampled, scheduled = traced.times("sampled"), traced.times("scheduled")
+    return median((sampled[i] - scheduled[i])
+                  / cost_model.step_time(BatchShape((step["num_tokens"],), (step["num_computed_tokens"],)))
+                  for i, step in enumerate(traced.steps()))
 
 
 def load_rows(load: list[TracedRequest], sides: Sides, config: EngineConfig) -> list[dict[str, Any]]:

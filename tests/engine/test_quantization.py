@@ -17,10 +17,15 @@ import torch
 
 from ref_engine import LLM, SamplingParams
 from ref_engine.model.loader import load_model
-from ref_engine.model.quantization import REDUCE_RANGE, Int8Linear, check_quantization
+from ref_engine.model.quantization import REDUCE_RANGE, X86_ENGINES, Int8Linear, check_quantization
 from serving_lab.eval_set import compare_quality, eval_prompts
 
+needs_x86_kernels = pytest.mark.skipif(
+    torch.backends.quantized.engine not in X86_ENGINES,
+    reason=f"int8 runs on torch's x86 quantized kernels; this torch's engine is {torch.backends.quantized.engine!r}")
 
+
+@needs_x86_kernels
 @pytest.mark.parametrize("rows", [1, 16, 64])
 def test_int8_linear_reproduces_the_float_product_within_the_rounding_error(rows):
     """Rounding each weight to its channel's step (max |w| / 127) and each activation to its call's step
@@ -59,6 +64,7 @@ def test_an_engine_refuses_a_model_loaded_with_another_quantization(make_tiny_hf
         LLM(loaded, quantization="int8")
 
 
+@needs_x86_kernels
 @pytest.mark.parametrize("knobs", [
     dict(max_num_batched_tokens=16),  # chunked prefill
     dict(num_kv_blocks=24, max_num_seqs=16, preemption_mode="recompute"),
@@ -77,6 +83,7 @@ def test_int8_engine_runs_every_batched_regime_to_the_last_token(tiny_int8, knob
         assert engine.scheduler.num_preemptions > 0, "the pool was meant to be small enough to preempt"
 
 
+@needs_x86_kernels
 @pytest.mark.slow
 def test_eval_metrics_are_exact_on_the_reference_and_bound_int8(smollm2, smollm2_path):
     """The reference against itself: agreement 1 and KL 0, exactly (same model, same batch). int8 on four
