@@ -2,6 +2,7 @@
 quality against float32 on the eval set, side by side in one run.
 
     python benchmarks/engine_speed.py [--eval-prompts 50] [--eval-tokens 64]
+    python benchmarks/engine_speed.py --kernels     # only the projection kernels, ~1 min
 
 (Not with OMP_WAIT_POLICY=PASSIVE, unlike the other benchmarks: a decode step runs hundreds of small
 operators, and threads that sleep between them cost single-stream decode up to 2x on the course machine.)
@@ -9,7 +10,9 @@ operators, and threads that sleep between them cost single-stream decode up to 2
 - single stream: one prompt of 128 tokens, 128 output tokens (EOS ignored), greedy, output tok/s;
 - batch 32: 32 such requests at once, output tok/s (continuous batching, all decode together);
 - transformers `generate()` (float32 and bfloat16) on the same GGUF weights, the same two shapes;
-- quality: `serving_lab.eval_set.compare_quality` against float32 (greedy agreement, mean KL).
+- quality: `serving_lab.eval_set.compare_quality` against float32 (greedy agreement, mean KL);
+- `--kernels`: the projection kernels alone (float32, the W8A8 kernel `Int8Linear` uses, W8A8 with per-token
+  scales through `torch._int_mm`, torch's weight-only int8), on SmolLM2's shapes, at 1, 8 and 32 rows.
 
 Each engine number is the faster of two runs after a warm-up. Prints markdown; copy it with the machine
 and the command into benchmarks/RESULTS.md ("Engine speed"). A benchmark, not a test.
@@ -26,7 +29,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ref_engine import LLM, SamplingParams
+from ref_engine.model.arch_config import ArchConfig
 from ref_engine.model.loader import LoadedModel, load_model
+from ref_engine.model.quantization import Int8Linear
 from ref_engine.model.store import default_model_path
 from serving_lab.eval_set import compare_quality, eval_prompts
 
@@ -68,23 +73,73 @@ def transformers_tok_s(dtype: torch.dtype, batch: int) -> float:
     return batch * OUTPUT_LEN / fastest(run, repeats=1)
 
 
+def kernel_ms(arch: ArchConfig, rows: int) -> dict[str, float]:
+    """Milliseconds for one pass through every layer's projections (q|k|v, o, gate|up, down; distinct random
+    weights per layer, so they stream from DRAM as a decode step's do) at `rows` rows, per kernel."""
+    shapes = [(arch.hidden_size, arch.q_size + 2 * arch.kv_size), (arch.q_size, arch.hidden_size),
+              (arch.hidden_size, 2 * arch.intermediate_size), (arch.intermediate_size, arch.hidden_size)]
+    layers = [[torch.randn(n_out, n_in) * 0.02 for n_in, n_out in shapes] for _ in range(arch.num_layers)]
+    inputs = {n_in: torch.randn(rows, n_in) for n_in, _ in shapes}
+
+    def per_token_int_mm(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        scale = weight.abs().amax(1) / 127
+        packed = torch.round(weight / scale[:, None]).to(torch.int8).t().contiguous()
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            x_scale = x.abs().amax(1, keepdim=True) / 127
+            return torch._int_mm(torch.round(x / x_scale).to(torch.int8), packed).float() * (x_scale * scale)
+        return run
+
+    def weight_only_int8(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        scale = weight.abs().amax(1) / 127
+        packed = torch.round(weight / scale[:, None]).to(torch.int8)
+        return lambda x: torch.ops.aten._weight_int8pack_mm(x, packed, scale)
+
+    def float32(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        stored = weight.t().contiguous()  # [in, out], as the engine's TransposedLinear stores it
+        return lambda x: x @ stored
+
+    kernels = {
+        "float32 x @ W": float32,
+        "int8 W8A8, dynamic (Int8Linear)": lambda w: Int8Linear(w, None),
+        "int8 W8A8, per-token scales (torch._int_mm)": per_token_int_mm,
+        "int8 weight-only (_weight_int8pack_mm)": weight_only_int8,
+    }
+    result = {}
+    for name, make in kernels.items():
+        ops = [[(make(w), inputs[w.shape[1]]) for w in layer] for layer in layers]
+        result[name] = 1000 * fastest(lambda ops=ops: [op(x) for layer in ops for op, x in layer])
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--eval-prompts", type=int, default=50, help="eval-set prompts per path (200: all)")
     parser.add_argument("--eval-tokens", type=int, default=64)
+    parser.add_argument("--kernels", action="store_true",
+                        help="only the projection kernels: ms per pass through every layer, per kernel")
     args = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
-          f"torch {torch.__version__}; prompt {PROMPT_LEN}, output {OUTPUT_LEN} tokens; eval "
-          f"{args.eval_prompts} prompts x {args.eval_tokens} tokens")
+          f"torch {torch.__version__}")
+    reference = load_model(None)
+    if args.kernels:
+        table = {rows: kernel_ms(reference.arch, rows) for rows in (1, 8, 32)}
+        print(f"\n| kernel ({reference.arch.num_layers} layers of projections, ms) | 1 row | 8 rows | 32 rows |")
+        print("| --- | --- | --- | --- |")
+        for name in table[1]:
+            print(f"| {name} | " + " | ".join(f"{table[rows][name]:.1f}" for rows in table) + " |")
+        return
+    print(f"prompt {PROMPT_LEN}, output {OUTPUT_LEN} tokens; eval {args.eval_prompts} prompts x {args.eval_tokens} tokens")
     print("\n| system | single stream (tok/s) | batch 32 (tok/s) | greedy agreement | mean KL (nats/token) |")
     print("| --- | --- | --- | --- | --- |")
-    reference = load_model(None)
-    for name, kwargs in PATHS.items():
-        loaded = reference if not kwargs else load_model(None, **kwargs)
+    candidates = {name: load_model(None, **kwargs) for name, kwargs in PATHS.items() if kwargs}
+    qualities = dict(zip(candidates, compare_quality(reference, list(candidates.values()),
+                                                     eval_prompts(args.eval_prompts), args.eval_tokens)))
+    for name, loaded in {"float32": reference, **candidates}.items():
         single, batched = engine_tok_s(loaded, 1), engine_tok_s(loaded, 32)
-        quality = compare_quality(reference, loaded, eval_prompts(args.eval_prompts), args.eval_tokens)
-        print(f"| engine, {name} | {single:.1f} | {batched:.1f} | {quality.agreement:.3f} | {quality.mean_kl:.4f} |",
-              flush=True)
+        quality = (f"{qualities[name].agreement:.3f} | {qualities[name].mean_kl:.4f}" if name in qualities
+                   else "reference | reference")
+        print(f"| engine, {name} | {single:.1f} | {batched:.1f} | {quality} |", flush=True)
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         print(f"| transformers generate, {name} | {transformers_tok_s(dtype, 1):.1f} | "
               f"{transformers_tok_s(dtype, 32):.1f} |  |  |", flush=True)

@@ -16,6 +16,7 @@ Lesson: lessons/01-continuous-batching.md (the cost of a step: faster steps, and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -91,19 +92,23 @@ def sequence_logprobs(loaded: LoadedModel, token_ids: list[int], block_size: int
     return torch.log_softmax(model.compute_logits(hidden).float(), dim=-1)
 
 
-def compare_quality(reference: LoadedModel, candidate: LoadedModel, prompts: list[str],
-                    max_tokens: int = 64) -> Quality:
-    """`candidate` (a dtype or quantization of `reference`'s weights) against `reference` on `prompts`."""
+def compare_quality(reference: LoadedModel, candidates: Sequence[LoadedModel], prompts: list[str],
+                    max_tokens: int = 64) -> list[Quality]:
+    """Each of `candidates` (dtypes or quantizations of `reference`'s weights) against `reference` on
+    `prompts`; the reference's greedy texts and distributions are computed once for all of them."""
     prompt_ids = chat_token_ids(reference, prompts)
     expected = greedy_continuations(reference, prompt_ids, max_tokens)
-    got = greedy_continuations(candidate, prompt_ids, max_tokens)
-    agreement = sum(sum(a == b for a, b in zip(e, g)) for e, g in zip(expected, got)) / (len(prompts) * max_tokens)
-    kl_sum = 0.0
+    got = [greedy_continuations(candidate, prompt_ids, max_tokens) for candidate in candidates]
+    kl_sums = [0.0] * len(candidates)
     for ids, continuation in zip(prompt_ids, expected):
         sequence = ids + continuation
         # the distributions that chose each continuation token: after the prompt's last token, and so on
         rows = slice(len(ids) - 1, len(sequence) - 1)
         p = sequence_logprobs(reference, sequence)[rows]
-        q = sequence_logprobs(candidate, sequence)[rows]
-        kl_sum += float((p.exp() * (p - q)).sum())
-    return Quality(agreement, kl_sum / (len(prompts) * max_tokens), len(prompts), max_tokens)
+        for c, candidate in enumerate(candidates):
+            q = sequence_logprobs(candidate, sequence)[rows]
+            kl_sums[c] += float((p.exp() * (p - q)).sum())
+    num_tokens = len(prompts) * max_tokens
+    return [Quality(sum(sum(a == b for a, b in zip(e, g)) for e, g in zip(expected, texts)) / num_tokens,
+                    kl_sum / num_tokens, len(prompts), max_tokens)
+            for texts, kl_sum in zip(got, kl_sums)]

@@ -8,10 +8,10 @@ values (dynamic quantization); the product runs in integers on torch's x86 quant
 attention and the KV cache stay float32.
 
 Why W8A8 and not weight-only int8: a decode step on a CPU is bound by its matmuls, which stream every
-weight from DRAM once per step. int8 weights are a quarter of float32's bytes, and on the course machine
-(2 cores, AVX-512 VNNI) torch's weight-only int8 kernel (`_weight_int8pack_mm`) ran 7-30x *slower* than
-float32 while the dynamic W8A8 kernel ran 1.5x faster at one row and 3-4x faster at 8-32 rows, for
-SmolLM2's 30 layers of projections (benchmarks/RESULTS.md, "Engine speed").
+weight from DRAM once per step. int8 weights are a quarter of float32's bytes, and on a machine of the
+course machine's kind (2 cores, AVX-512 VNNI) torch's weight-only int8 kernel (`_weight_int8pack_mm`) ran 4-38x *slower*
+than float32 while the dynamic W8A8 kernel ran 1.3x faster at one row and 2.7-3.6x faster at 8-32 rows,
+for SmolLM2's 30 layers of projections (benchmarks/RESULTS.md, "Engine speed": `engine_speed.py --kernels`).
 
 What it trades:
 - accuracy: each weight is rounded to 1 of 255 levels of its channel, each activation to 1 of 256 levels
@@ -59,8 +59,8 @@ def has_vnni() -> bool:
     return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
-# 7-bit activations where the CPU lacks VNNI (see `has_vnni`); on the course machine 8 bits halved the
-# per-layer error (2-7% instead of 5-13% relative, SmolLM2's projections on real activations).
+# 7-bit activations where the CPU lacks VNNI (see `has_vnni`); with VNNI, 8 bits halved the per-layer error
+# (2-7% instead of 5-13% relative, SmolLM2's projections on real activations; benchmarks/RESULTS.md).
 REDUCE_RANGE = not has_vnni()
 
 

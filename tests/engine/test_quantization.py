@@ -90,8 +90,8 @@ def test_eval_metrics_are_exact_on_the_reference_and_bound_int8(smollm2, smollm2
     eval prompts, 16 tokens: measured agreement 0.14 and KL 0.54 nats per token on eight prompts and 32
     tokens (bfloat16: 0.86 and 0.001), so the bounds are agreement >= 0.02 and KL <= 2 nats; weights
     quantized wrongly (say, transposed scales) give KL of several nats and agreement ~0."""
-    itself = compare_quality(smollm2, smollm2, eval_prompts(2), max_tokens=8)
+    [itself] = compare_quality(smollm2, [smollm2], eval_prompts(2), max_tokens=8)
     assert (itself.agreement, itself.mean_kl) == (1.0, 0.0)
-    int8 = compare_quality(smollm2, load_model(smollm2_path, quantization="int8"), eval_prompts(4), max_tokens=16)
+    [int8] = compare_quality(smollm2, [load_model(smollm2_path, quantization="int8")], eval_prompts(4), max_tokens=16)
     print(int8)
     assert int8.agreement >= 0.02 and 0 < int8.mean_kl <= 2.0, int8
