@@ -1,5 +1,5 @@
 """`serving-lab`: the command line (pull the default model, generate, serve, bench serve, run the demo,
-calibrate, manifest, simulate).
+calibrate, manifest, simulate, sweep, report).
 
 Lesson: lessons/00-orientation.md (how to run).
 """
@@ -147,6 +147,49 @@ def _simulate(args: argparse.Namespace) -> None:
         print(f"  {name:<{width}}  {metric.report(run)}  [{metric.vllm_series}]")
 
 
+def _sweep(args: argparse.Namespace) -> None:
+    from serving_lab.experiments.common import format_table
+    from serving_lab.manifest import load_manifest
+    from serving_lab.sweep import SLO, TABLE_METRICS, Sweep, load_grid, run_sweep
+
+    sweep = Sweep(load_manifest(args.config, _overrides(args)), load_grid(args.grid), args.workload, hardware=args.hardware,
+                  slos=(SLO(args.slo_ttft_ms, args.slo_tpot_ms),) if args.slo_ttft_ms or args.slo_tpot_ms else (),
+                  seed=args.seed)
+    result = run_sweep(sweep, args.out, measure_front=args.measure_front, repeats=args.repeats, progress=True,
+                       force=args.force, jobs=args.jobs)
+    columns = ["point", "side", *TABLE_METRICS[:6], *(["goodput"] if "goodput" in result.rows[0] else [])]
+    front = [r for r in result.simulated() if r["on_front"]]
+    print(f"{len(result.simulated())} points simulated on {sweep.hardware.name}; the Pareto front "
+          f"(throughput up, p99 ITL and p99 TTFT down), {len(front)} points:")
+    print(format_table(front, columns))
+    if result.measured():
+        agreement = result.agreement
+        print(f"\nmeasured on the engine, {len(result.measured())} points:")
+        print(format_table(result.measured(), [*columns, "slowdown"]))
+        print(f"rank agreement (Spearman's rho of {agreement['metric']}, simulated vs measured): "
+              f"{agreement['rho']:.2f} over {len(agreement['points'])} points")
+    if args.out:
+        print(f"\ntable: {args.out}/sweep.csv, {args.out}/sweep.json")
+
+
+def _report(args: argparse.Namespace) -> None:
+    from serving_lab.report import run_report, write_report
+
+    if args.simulate_only and args.hardware is None:
+        raise ValueError("--simulate-only needs --hardware NAME (e.g. local-cpu, h100-sxm): without the engine "
+                         "there is no calibration to price this machine with")
+    report = run_report(args.before, args.after, args.workload, hardware=args.hardware, repeats=args.repeats,
+                        measure=not args.simulate_only, seed=args.seed)
+    out = write_report(report, args.out, force=args.force)
+    speedup = report.results["speedup"]
+    measured = speedup["measured"]
+    print("speed-up in output throughput: "
+          + (f"{measured['median']:.2f}x measured (range {measured['min']:.2f}-{measured['max']:.2f}x), "
+             if measured else "")
+          + f"{speedup['simulated']:.2f}x simulated")
+    print(f"report: {out}/report.html ({out}/report.md, {out}/results.json, plots)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="serving-lab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -210,6 +253,36 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with speculative decoding: the chance each draft token is accepted")
     _add_override_flags(p)
     p.set_defaults(func=_simulate)
+
+    p = sub.add_parser("sweep", help="a grid of knobs through the simulator (a few points on the engine): the "
+                       "Pareto front and the simulator's rank agreement")
+    p.add_argument("--config", metavar="MANIFEST", required=True, help="the base deployment manifest (YAML)")
+    p.add_argument("--grid", metavar="GRID", required=True,
+                   help="YAML: knob -> list of values, and `measure:` points to run on the engine too")
+    p.add_argument("--workload", metavar="SPEC", required=True, help=f"{WORKLOAD_SPEC}")
+    p.add_argument("--hardware", default=None, help="the simulator's profile (default: this machine's calibration)")
+    p.add_argument("--out", default=None, help="folder for sweep.csv and sweep.json; a sweep resumes from it")
+    p.add_argument("--measure-front", action="store_true", help="also run the simulated Pareto front on the engine")
+    p.add_argument("--repeats", type=int, default=2, help="engine runs per measured point (fastest kept)")
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="SLO on TTFT, for goodput")
+    p.add_argument("--slo-tpot-ms", type=float, default=None, help="SLO on TPOT, for goodput")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="simulate this many points at once (processes; default 1)")
+    p.add_argument("--force", action="store_true", help="start over in an --out folder holding another sweep")
+    _add_override_flags(p)
+    p.set_defaults(func=_sweep)
+
+    p = sub.add_parser("report", help="the capstone's before -> after throughput report (engine and simulator)")
+    p.add_argument("--before", metavar="MANIFEST", required=True)
+    p.add_argument("--after", metavar="MANIFEST", required=True)
+    p.add_argument("--workload", metavar="SPEC", required=True, help=f"{WORKLOAD_SPEC}")
+    p.add_argument("--out", required=True, help="the report's folder (written whole, or not at all)")
+    p.add_argument("--repeats", type=int, default=3, help="engine runs per configuration, interleaved")
+    p.add_argument("--hardware", default=None, help="the simulator's profile (default: this machine's calibration)")
+    p.add_argument("--simulate-only", action="store_true", help="run the simulator only (needs --hardware)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="replace an existing --out folder")
+    p.set_defaults(func=_report)
     return parser
 
 
@@ -218,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"serving-lab: error: {error}", file=sys.stderr)
         sys.exit(2)
 

@@ -141,8 +141,8 @@ class Manifest(_Section):
             decode_batch_max_tokens=scheduler.decode_batch_max_tokens,
         )
         if scheduler.prefill_budget_tokens is not None:
-            knobs["max_num_batched_tokens"] = (scheduler.prefill_budget_tokens
-                                               + (scheduler.decode_batch_max_tokens or limits.max_num_seqs))
+            knobs["max_num_batched_tokens"] = step_token_budget(
+                scheduler.prefill_budget_tokens, scheduler.decode_batch_max_tokens, limits.max_num_seqs)
         spec = self.optional.speculative_decoding
         if spec is not None:
             knobs["num_speculative_tokens"] = spec.speculative_tokens
@@ -176,6 +176,12 @@ class Manifest(_Section):
         if spec is not None and spec.draft_model != NGRAM_DRAFT and not spec.draft_model.startswith("self:"):
             kwargs["draft_arch"] = simulated_arch(spec.draft_model, "optional.speculative_decoding.draft_model")
         return kwargs
+
+
+def step_token_budget(prefill_budget_tokens: int, decode_batch_max_tokens: int | None, max_num_seqs: int) -> int:
+    """`max_num_batched_tokens` for a manifest's budgets: the prefill budget plus the decode budget (None:
+    `max_num_seqs`), so a full prefill and a full decode batch fit in one step."""
+    return prefill_budget_tokens + (decode_batch_max_tokens or max_num_seqs)
 
 
 _KV_ALLOCATION = {"on_demand": "paged", "reserve_max_model_len": "contiguous", "reserve_exact": "contiguous_exact"}

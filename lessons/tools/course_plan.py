@@ -203,9 +203,30 @@ LESSONS: tuple[PlannedLesson, ...] = (
             PlannedExercise("E06.2", "estimate", "When does the k-th request of a burst start?"),
         ),
     ),
-    PlannedLesson("07-tuning-knobs", "Tuning knobs: sweeping the throughput/latency curve", minutes=90),
+    # Lesson 7 sections: no-best-config (the answer depends on workload and SLO; Vidur), the-knobs (each knob's
+    # mechanism, linked to the lesson that taught it), sweep (a dense grid in the simulator), pareto-and-slo
+    # (the front; goodput picks a point per SLO), trusting-the-sweep (engine points, rank agreement),
+    # numerics (quantization and KV dtype: throughput against quality), parallelism (TP vs replicas, pipeline
+    # stages), roofline-floor (where tuning stops paying), capstone (the before -> after report).
+    PlannedLesson(
+        "07-tuning-knobs", "Tuning knobs: sweeping the throughput/latency curve", minutes=90,
+        anchors=("you-will-learn", "no-best-config", "the-knobs", "sweep", "pareto-and-slo", "trusting-the-sweep",
+                 "numerics", "parallelism", "roofline-floor", "capstone", "exercises", "questions", "summary"),
+        notebook_anchors=("gpu-sweep", "slo-picks", "cpu-sweep", "numerics", "roofline-floor", "worked-example",
+                          "exercises"),
+        terms=("configuration-sweep", "pareto-front", "goodput", "rank-agreement", "max-num-seqs", "token-budget",
+               "block-size", "quantization", "kv-cache-dtype", "tensor-parallelism", "cuda-graphs", "roofline",
+               "throughput", "itl", "ttft"),
+        exercises=(
+            PlannedExercise("E07.1", "implement", "The Pareto front of a sweep"),
+            PlannedExercise("E07.2", "design", "Capacity planning: replicas and cost per million tokens"),
+        ),
+    ),
+    # The capstone: the-assignment (baseline manifest, workload, SLO; tune, justify, report), the-rubric,
+    # worked-example (the report CI regenerates, its numbers), how-the-report-is-made (serving-lab report).
     PlannedLesson("capstone", "Capstone: a before -> after throughput report", minutes=180, notebook=False,
-                  has_questions=False),
+                  has_questions=False,
+                  anchors=("the-assignment", "the-rubric", "worked-example", "how-the-report-is-made")),
 )
 
 # Interview-bank topics (lessons/CONTRIBUTING.md, "Ids, anchors and links"), in the order the bank lists them.

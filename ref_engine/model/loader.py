@@ -15,7 +15,8 @@ int8 (ref_engine/model/quantization.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from copy import deepcopy
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -59,13 +60,23 @@ def load_model(path: str | Path | None = None, dtype: torch.dtype | str = "float
         model.load_weights(checkpoint.weights())
     except ValueError as err:  # a missing, unexpected or misshapen tensor: say which file
         raise ValueError(f"{path}: {err}") from None
-    model_id = checkpoint.model_id
-    if quantization is not None:
-        quantize_model(model, quantization)
-        model_id += f"+{quantization}"  # other numbers: neither its prefix cache nor its profile is the float one's
-    return LoadedModel(model=model.eval(), tokenizer=tokenizer, arch=checkpoint.arch,
-                       eos_token_ids=checkpoint.eos_token_ids(tokenizer), model_id=model_id,
-                       quantization=quantization)
+    loaded = LoadedModel(model=model.eval(), tokenizer=tokenizer, arch=checkpoint.arch,
+                         eos_token_ids=checkpoint.eos_token_ids(tokenizer), model_id=checkpoint.model_id)
+    return quantized(loaded, quantization, copy=False) if quantization is not None else loaded
+
+
+def quantized(loaded: LoadedModel, quantization: str, *, copy: bool = True) -> LoadedModel:
+    """`loaded` (a float32 model) with its projections quantized, as `load_model(quantization=)` gives it;
+    with `copy`, a quantized copy that leaves `loaded` as it was, without reading the checkpoint again (a
+    GGUF's dequantization takes seconds)."""
+    device = next(loaded.model.parameters()).device
+    check_quantization(quantization, next(loaded.model.parameters()).dtype, device)
+    if loaded.quantization is not None:
+        raise ValueError(f"the model is already quantized ({loaded.quantization!r}); quantize the float32 one")
+    model = deepcopy(loaded.model) if copy else loaded.model
+    quantize_model(model, quantization)
+    # other numbers: neither its prefix cache nor its profile is the float one's
+    return replace(loaded, model=model, model_id=f"{loaded.model_id}+{quantization}", quantization=quantization)
 
 
 def read_arch(path: str | Path) -> ArchConfig:

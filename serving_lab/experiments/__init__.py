@@ -19,9 +19,12 @@ One module per lesson, on top of what they share:
     prefix.py        lesson 4: prefix caching
     speculation.py   lesson 5: speculative decoding
     architecture.py  lesson 6: the architecture map, requests traced through a running server
-Notebooks import the package (`import serving_lab.experiments as ex`); everything public is re-exported here.
+    tuning.py        lesson 7: sweeps, the Pareto front, SLO picks, numerics, the roofline floor (as `ex.tuning`)
+Notebooks import the package (`import serving_lab.experiments as ex`); everything public is re-exported here,
+but lesson 7's functions, which keep their module's name (`ex.tuning.sweep`, `ex.tuning.roofline`).
 """
 
+from serving_lab.experiments import tuning
 from serving_lab.experiments.architecture import (
     TracedRequest,
     TracedServer,
@@ -182,4 +185,5 @@ __all__ = [
     "speculation",
     "speedups",
     "speculation_batch_sweep",
+    "tuning",
 ]

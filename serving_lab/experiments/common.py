@@ -188,17 +188,23 @@ class Job:
         return sides.simulator(self.config).run_rounds([*self.warmup, self.workload])[-1]
 
 
-def paired_rows(jobs: list[Job], sides: Sides, simulate: Any = None) -> list[dict[str, Any]]:
-    """[measured row, simulated row] per job, as `run_pair` makes them, with the engine's repeats
-    interleaved: every job once, then every job again, and the fastest run of each kept. A burst of load
-    from another process then slows one run of a job rather than all of them. `simulate(job)` returns
-    (RunMetrics, extra columns for the simulated row); by default the sides' simulator runs the workload."""
+def measured_runs(jobs: list[Job], sides: Sides) -> dict[int, list[RunMetrics]]:
+    """Job index -> its engine runs: every measured job once, then every one again (`sides.repeats`
+    rounds), so a burst of load from another process slows one run of a job rather than all of them."""
     runs: dict[int, list[RunMetrics]] = {}
     if sides.measure:
         for _ in range(sides.repeats):
             for i, job in enumerate(jobs):
                 if job.measure:
                     runs.setdefault(i, []).append(job.run_measured(sides.model))
+    return runs
+
+
+def paired_rows(jobs: list[Job], sides: Sides, simulate: Any = None) -> list[dict[str, Any]]:
+    """[measured row, simulated row] per job, as `run_pair` makes them, with the engine's repeats
+    interleaved (`measured_runs`) and the fastest run of each kept. `simulate(job)` returns
+    (RunMetrics, extra columns for the simulated row); by default the sides' simulator runs the workload."""
+    runs = measured_runs(jobs, sides)
     rows = []
     for i, job in enumerate(jobs):
         simulated, extra = simulate(job) if simulate else (job.run_simulated(sides), {})

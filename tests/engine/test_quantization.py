@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ref_engine import LLM, SamplingParams
-from ref_engine.model.loader import load_model
+from ref_engine.model.loader import load_model, quantized
 from ref_engine.model.quantization import REDUCE_RANGE, X86_ENGINES, Int8Linear, check_quantization
 from serving_lab.eval_set import compare_quality, eval_prompts
 
@@ -56,6 +56,25 @@ def test_bad_values_name_the_knob_and_the_choices(kwargs, message):
 @pytest.fixture(scope="module")
 def tiny_int8(make_tiny_hf_model):
     return load_model(make_tiny_hf_model("llama", name="int8-llama"), quantization="int8")
+
+
+@needs_x86_kernels
+def test_a_quantized_copy_equals_a_quantized_load_and_leaves_the_float_model(make_tiny_hf_model):
+    folder = make_tiny_hf_model("llama", name="int8-copy")
+    float32, int8 = load_model(folder), load_model(folder, quantization="int8")
+    copied = quantized(float32, "int8")
+    assert (copied.quantization, copied.model_id) == (int8.quantization, int8.model_id)
+    assert float32.quantization is None and not float32.model_id.endswith("+int8")
+    prompts = [[1 + (i * 5 + j) % 200 for j in range(12)] for i in range(3)]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+    def tokens(loaded):
+        return [o.outputs[0].token_ids for o in LLM(loaded).generate(prompts, params, use_tqdm=False)]
+
+    assert tokens(copied) == tokens(int8)
+    assert tokens(load_model(folder)) == tokens(float32)  # the float model is untouched
+    with pytest.raises(ValueError, match="already quantized"):
+        quantized(copied, "int8")
 
 
 def test_an_engine_refuses_a_model_loaded_with_another_quantization(make_tiny_hf_model):

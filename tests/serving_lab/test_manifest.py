@@ -241,7 +241,9 @@ def test_simulate_speculation_needs_an_acceptance_rate(tmp_path, capsys):
 @pytest.mark.parametrize("spec, error", [
     ("poisson:8:64:16", "expected synthetic:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE]"),
     ("synthetic:8:64", "expected synthetic:"),
-    ("synthetic:8:x:16", "PROMPT_LEN must be a positive integer, got 'x'"),
+    ("synthetic:8:x:16", "PROMPT_LEN must be a positive integer or a range LO-HI, got 'x'"),
+    ("synthetic:8:64-32:16", "PROMPT_LEN must be a positive integer or a range LO-HI, got '64-32'"),
+    ("synthetic:8-9:64:16", "NUM_REQUESTS must be a positive integer, got '8-9'"),
     ("synthetic:0:64:16", "NUM_REQUESTS must be a positive integer"),
     ("synthetic:8:64:16:fast", "RATE must be a positive number"),
     ("synthetic:8:64:16:0", "RATE must be a positive number"),
@@ -255,6 +257,9 @@ def test_a_workload_spec_names_its_lengths_and_rate():
     workload = parse_workload("synthetic:5:64:16:2.5")
     assert [(r.prompt_len, r.output_len) for r in workload.requests] == [(64, 16)] * 5
     assert 0 < workload.requests[-1].arrival_time and parse_workload("synthetic:5:64:16").requests[-1].arrival_time == 0
+    mixed = parse_workload("synthetic:50:32-1024:16-512:20")
+    assert all(32 <= r.prompt_len <= 1024 and 16 <= r.output_len <= 512 for r in mixed.requests)
+    assert len({r.prompt_len for r in mixed.requests}) > 10
 
 
 def test_the_readme_maps_the_six_metrics_onto_vllm_series():

@@ -1,0 +1,108 @@
+"""Lesson 7's experiments: sweeping the knobs, picking a point per SLO, checking the simulator's ranking on
+the engine, numerics on the throughput/quality plane, and the roofline floor where tuning stops paying.
+
+- `tuning_manifest`: the example manifest with vLLM's plain knobs (no separate prefill/decode budgets,
+  FCFS), optionally serving a model the simulator knows by name (the GPU what-ifs);
+- `sweep`: `serving_lab.sweep` on a grid, in the simulator, with every point measured on the engine when
+  asked (the CPU sweep, whose rank agreement the notebook reports);
+- `slo_picks`: for each SLO, the point with the highest goodput;
+- `numerics`: float32, bfloat16 and int8 weights on this CPU, measured: throughput and quality on the eval set;
+- `roofline`: simulated decode throughput against the device's roofline ceiling, by batch size.
+
+Lesson: lessons/07-tuning-knobs.md
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ref_engine.core.config import EngineConfig
+from ref_engine.core.workload import Workload
+from serving_lab.manifest import EXAMPLE_MANIFEST, Manifest, load_manifest
+from serving_lab.sweep import SLO, Sweep, SweepResult, parse_grid, run_sweep
+from sim.cost_model import BatchShape
+from sim.hardware import HardwareProfile, dtype_bytes
+from sim.simulator import Simulator, resolve_hardware, resolve_model
+
+
+def tuning_manifest(model: str | None = None) -> Manifest:
+    """The example deployment with the step budget as vLLM's one `max_num_batched_tokens` (no manifest
+    budgets) and first-come-first-served admission; `model`: a known name such as "llama-3.1-8b"."""
+    overrides: dict[str, Any] = {"scheduler.prefill_budget_tokens": None, "scheduler.decode_batch_max_tokens": None,
+                                 "api.admission.fairness": "none", "api.request_limits.max_model_len": 4096}
+    if model is not None:
+        overrides["engine.model"] = model
+    else:
+        overrides["api.request_limits.max_model_len"] = 2048
+    return load_manifest(EXAMPLE_MANIFEST, overrides)
+
+
+def sweep(grid: dict[str, list[Any]], workload: str, hardware: HardwareProfile | str, *, model: str | None = None,
+          slos: Sequence[SLO] = (), measure: bool = False, loaded: Any = None, repeats: int = 1) -> SweepResult:
+    """Every point of `grid` in the simulator on `hardware`; with `measure`, every point on the engine too
+    (`loaded`: the engine's model, reused)."""
+    spec = dict(grid)
+    if measure:
+        spec["measure"] = [{}]  # the empty mapping matches every point of the grid
+    run = Sweep(tuning_manifest(model), parse_grid(spec), workload, hardware=hardware, slos=tuple(slos))
+    return run_sweep(run, repeats=repeats, model=loaded)
+
+
+def slo_picks(result: SweepResult, slos: Sequence[SLO]) -> list[dict[str, Any]]:
+    """For each SLO, the simulated point with the most goodput (ties: the first in grid order)."""
+    rows = result.simulated()
+    picks = []
+    for slo in slos:
+        best = max(rows, key=lambda row: row[slo.column])
+        picks.append({"slo": slo.label, "ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "best point": best["point"],
+                      "goodput": best[slo.column], "output_throughput": best["output_throughput"]})
+    return picks
+
+
+def numerics(reference: Any, prompts: list[str], max_tokens: int, workload: Workload, config: EngineConfig,
+             path: str | None = None) -> list[dict[str, Any]]:
+    """float32 (`reference`, loaded from `path`; None: the default model), bfloat16 and (where torch has its
+    x86 quantized kernels) int8 W8A8 weights on this CPU: the engine's measured output throughput on `workload`, and quality against float32
+    on `prompts` of the eval set (greedy agreement, KL in nats per token)."""
+    import torch
+
+    from ref_engine import bench
+    from ref_engine.model.loader import load_model, quantized
+    from serving_lab.eval_set import compare_quality
+
+    variants = {"float32": reference, "bfloat16": load_model(path, dtype="bfloat16")}
+    if torch.backends.quantized.engine == "x86":
+        variants["int8 W8A8"] = quantized(reference, "int8")
+    rows = []
+    for (name, loaded), quality in zip(variants.items(), [None, *compare_quality(
+            reference, list(variants.values())[1:], prompts, max_tokens)]):
+        metrics = bench.run_rounds([workload], config, model=loaded)[-1]
+        rows.append({"weights": name, "output_throughput": metrics.output_throughput,
+                     "agreement": 1.0 if quality is None else quality.agreement,
+                     "mean_kl": 0.0 if quality is None else quality.mean_kl})
+    return rows
+
+
+def roofline(model: str, hardware: HardwareProfile | str, batches: Sequence[int], context_len: int,
+             dtype: str = "bfloat16") -> list[dict[str, Any]]:
+    """Decode throughput by batch size B at `context_len` cached tokens per request: the simulator's (the
+    cost model's price of the decode step) against the roofline ceiling, the lower of
+    - memory: B tokens per (weights + B x context x KV bytes per token) / memory bandwidth, and
+    - compute: peak FLOP/s / 2 FLOPs per parameter per token.
+    The ceiling leaves out attention's arithmetic and every overhead, so the simulated curve stays under
+    it. Both flatten as B grows, because each request's KV is read once per token however large the batch:
+    past that knee a bigger batch stops paying, and only fewer bytes (an fp8 KV cache, fewer KV heads,
+    shorter contexts) or a faster device raise the floor."""
+    arch, profile = resolve_model(model), resolve_hardware(hardware)
+    cost_model = Simulator(arch, profile, EngineConfig(num_kv_blocks=1), dtype=dtype).cost_model
+    weight_bytes = arch.weight_bytes(dtype_bytes(dtype))
+    kv_bytes = context_len * arch.kv_bytes_per_token(dtype_bytes(dtype))
+    compute_ceiling = profile.peak_flops[dtype] / (2 * arch.num_params)
+    rows = []
+    for b in batches:
+        step_s = cost_model.step_time(BatchShape.decode(b, context_len))
+        memory_ceiling = b * profile.memory_bandwidth / (weight_bytes + b * kv_bytes)
+        rows.append({"batch": b, "step_ms": 1000 * step_s, "simulated_tok_s": b / step_s,
+                     "ceiling_tok_s": min(memory_ceiling, compute_ceiling)})
+    return rows

@@ -1,0 +1,126 @@
+"""Open a local HTML page in a real headless Chromium and report what a reader's browser would show wrong.
+
+Why this exists: a page can be well-formed HTML and still be broken for a reader — an embedded image whose
+data: URI does not decode, a link to a file that isn't there, a script that throws. Only a real browser sees
+these, so the tests of the self-contained report and of the course site open their pages here.
+
+The driver is Playwright (the pip package, in the `test` extra) driving Debian's Chromium (`apt-get install
+chromium`, which .ci/run does) through `executable_path`: Playwright's own browser download (`playwright
+install`) is never used. Tests call `require_browser()` first, which skips them where either is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ENV_VAR = "SERVING_LAB_CHROMIUM"  # a Chromium executable (path or name on PATH) to use instead of the default
+NAMES = ("chromium", "chromium-browser", "google-chrome")
+INSTALL_HINT = "install Debian's chromium (apt-get install chromium) or set SERVING_LAB_CHROMIUM"
+
+# --no-sandbox: Chromium's sandbox refuses to start as root (CI runs as root); --disable-dev-shm-usage: a
+# container's /dev/shm may be 64 MB; the rest keep Chromium off the network on its own account (this
+# machine's network is closed, and every refused background connection is noise and a delay).
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+SRC_CHARS = 80  # image sources and request URLs are cut to this many characters (data: URIs are long)
+TIMEOUT_MS = 30_000  # for loading one page, and for its images to finish loading after that
+
+# Waits for every <img> to finish (loaded or failed), lazy ones included as a reader scrolling would, then
+# reads their natural sizes: 0 x 0 is an image that did not load or did not decode.
+_IMAGES_JS = """async (timeoutMs) => {
+  const imgs = Array.from(document.images);
+  for (const img of imgs) if (img.loading === "lazy") img.loading = "eager";
+  const done = img => img.complete ? null : new Promise(r => {
+    img.addEventListener("load", r); img.addEventListener("error", r); });
+  await Promise.race([Promise.all(imgs.map(done)), new Promise(r => setTimeout(r, timeoutMs))]);
+  return imgs.map(img => [img.currentSrc || img.src, img.naturalWidth, img.naturalHeight]);
+}"""
+
+
+@dataclass(frozen=True)
+class PageCheck:
+    """What the browser saw on one page."""
+
+    console_errors: list[str]  # console.error messages (Chromium's own "Failed to load resource" too) and uncaught errors
+    failed_requests: list[str]  # "url (reason)" for each request that failed or got an HTTP status >= 400
+    images: list[tuple[str, int, int]]  # (src cut to SRC_CHARS, natural width, natural height) per <img>
+
+    def problems(self) -> list[str]:
+        """Every error, failed request and image of size 0, one line each (empty for a clean page)."""
+        broken = [f"image did not load or decode: {src}" for src, w, h in self.images if w == 0 or h == 0]
+        return ([f"console: {e}" for e in self.console_errors]
+                + [f"request failed: {r}" for r in self.failed_requests] + broken)
+
+
+def find_chromium() -> str | None:
+    """The Chromium executable: $SERVING_LAB_CHROMIUM if set, else the first of NAMES on PATH; None if none."""
+    wanted = os.environ.get(ENV_VAR)
+    if wanted:
+        return shutil.which(wanted)
+    return next((found for name in NAMES if (found := shutil.which(name))), None)
+
+
+def require_browser() -> str:
+    """The Chromium executable, or skip the calling test (with how to get one) where it or Playwright is missing."""
+    executable = find_chromium()
+    if executable is None:
+        where = f"${ENV_VAR}={os.environ[ENV_VAR]!r} is not an executable" if os.environ.get(ENV_VAR) else (
+            f"none of {', '.join(NAMES)} on PATH")
+        pytest.skip(f"no headless Chromium ({where}): {INSTALL_HINT}")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.skip("Playwright is not installed (it drives Chromium): pip install -e '.[test]'")
+    return executable
+
+
+def _short(url: str) -> str:
+    return url if len(url) <= SRC_CHARS else url[: SRC_CHARS - 3] + "..."
+
+
+def open_pages(paths: Iterable[Path], executable: str | None = None) -> dict[Path, PageCheck]:
+    """Open each local HTML file in one headless Chromium (started once) and check it; keyed by the given path."""
+    from playwright.sync_api import sync_playwright
+
+    executable = executable or find_chromium()
+    if executable is None:
+        raise RuntimeError(f"no headless Chromium: {INSTALL_HINT}")
+    paths = list(paths)
+    for path in paths:
+        if not Path(path).is_file():
+            raise FileNotFoundError(path)
+    checks: dict[Path, PageCheck] = {}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, timeout=TIMEOUT_MS)
+        try:
+            for path in paths:
+                errors: list[str] = []
+                failed: list[str] = []
+                page = browser.new_page()
+                page.on("console", lambda msg, errors=errors: errors.append(msg.text)
+                        if msg.type == "error" else None)
+                page.on("pageerror", lambda exc, errors=errors: errors.append(f"uncaught {exc.name}: {exc.message}"))
+                page.on("requestfailed", lambda req, failed=failed: failed.append(
+                    f"{_short(req.url)} ({req.failure or 'failed'})"))
+                page.on("response", lambda resp, failed=failed: failed.append(
+                    f"{_short(resp.url)} (HTTP {resp.status})") if resp.status >= 400 else None)
+                page.goto(Path(path).resolve().as_uri(), wait_until="load", timeout=TIMEOUT_MS)
+                images = [(_short(src), int(w), int(h)) for src, w, h in page.evaluate(_IMAGES_JS, TIMEOUT_MS)]
+                page.close()
+                checks[path] = PageCheck(console_errors=errors, failed_requests=failed, images=images)
+        finally:
+            browser.close()
+    return checks
+
+
+def open_page(path: Path, executable: str | None = None) -> PageCheck:
+    """Open one local HTML file in headless Chromium and report its errors, failed requests and image sizes."""
+    return open_pages([path], executable)[path]
