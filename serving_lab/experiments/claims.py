@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from serving_lab.calibrate import unsteady_fit
-from serving_lab.experiments.common import drift_note, error_check
+from serving_lab.experiments.common import drift_note, drift_notes, error_check
 from sim.hardware import HardwareProfile
 
 BUSY = 1.15  # a run this many times slower (or faster) than its profile prices it was not in the calibrated state
@@ -43,14 +43,15 @@ def machine_note(hardware: HardwareProfile | str, *, rows: Iterable[dict[str, An
                  slowdowns: Iterable[float] = (), busy: float = BUSY) -> str | None:
     """Why claims about measured runs cannot be judged (None when they can). First the profile's
     `fit_note`: a run's slowdown is measured against the profile, so against an unsteady fit it says
-    nothing. Then each slowdown: the `slowdown` column of the measured `rows` and the given `slowdowns`
+    nothing. Then each slowdown: the `slowdown` and `prefill_slowdown` columns of the measured `rows`
+    (`drift_notes`) and the given `slowdowns`
     (measured / priced time, see `machine_slowdown`); one beyond `busy` either way means the machine was
     busy, or faster than when it was calibrated, while that run was measured (`drift_note`)."""
     note = fit_note(hardware)
     if note:
         return note
-    measured = [r["slowdown"] for r in rows if r.get("side") == "measured" and "slowdown" in r]
-    return next((n for n in (drift_note(s, busy) for s in [*measured, *slowdowns]) if n), None)
+    measured = [drift_notes(r, busy) for r in rows if r.get("side") == "measured" and "slowdown" in r]
+    return next((n for n in [*measured, *(drift_note(s, busy) for s in slowdowns)] if n), None)
 
 
 def timing_claim(condition: bool, what: str, unsteady: str | None) -> None:

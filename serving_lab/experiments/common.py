@@ -74,9 +74,20 @@ def machine_slowdown(measured: RunMetrics, sides: Sides) -> float:
     clearly below 1 when the machine now runs faster than when it was calibrated. Either way absolute
     simulated-vs-measured errors then say nothing about the simulator. (Every row of a step is priced as
     needing logits: a mid-prompt chunk is priced one lm_head row too high, a small bias.)"""
+    return _slowdown(measured.steps, sides)
+
+
+def prefill_slowdown(measured: RunMetrics, sides: Sides) -> float | None:
+    """`machine_slowdown` over the steps that ran prompt tokens only (None: no such step). TTFT is made of
+    these steps, and the median over all steps can hide them behind many decode steps: prefills that ran
+    off-profile (load that came and went with them, or a fit that prices prompt chunks off) show only here."""
+    steps = [s for s in measured.steps if any(n > 1 for n in s.query_lens)]
+    return _slowdown(steps, sides) if steps else None
+
+
+def _slowdown(steps: list[Any], sides: Sides) -> float:
     cost_model = sides.cost_model()
-    return median(s.duration / cost_model.step_time(BatchShape(s.query_lens, s.context_lens))
-                  for s in measured.steps)
+    return median(s.duration / cost_model.step_time(BatchShape(s.query_lens, s.context_lens)) for s in steps)
 
 
 def drift_note(slowdown: float, busy: float = 1.15) -> str | None:
@@ -91,6 +102,15 @@ def drift_note(slowdown: float, busy: float = 1.15) -> str | None:
     return None
 
 
+def drift_notes(measured: dict[str, Any], busy: float = 1.15) -> str | None:
+    """`drift_note` for a measured row: its `slowdown` over all steps, then its `prefill_slowdown`."""
+    note = drift_note(measured.get("slowdown", 1.0), busy)
+    prefill = measured.get("prefill_slowdown")
+    if note is None and prefill is not None and (prefill_note := drift_note(prefill, busy)):
+        note = f"its prefill steps: {prefill_note}"
+    return note
+
+
 def error_check(rows: Iterable[dict[str, Any]], fields: Iterable[str], tolerance_pct: float = 35.0,
                 busy: float = 1.15) -> tuple[list[str], list[str]]:
     """Check every (measured, simulated) pair: each `field` simulated within `tolerance_pct` of measured.
@@ -101,7 +121,7 @@ def error_check(rows: Iterable[dict[str, Any]], fields: Iterable[str], tolerance
     problems, skipped = [], []
     for measured, simulated in pairs(rows):
         label = ", ".join(f"{k}={v}" for k, v in measured.items() if k not in _NOT_LABELS and not _is_metric(k))
-        note = drift_note(measured.get("slowdown", 1.0), busy)
+        note = drift_notes(measured, busy)
         if note:
             skipped.append(f"{label}: skipped, {note}")
             continue
@@ -113,7 +133,7 @@ def error_check(rows: Iterable[dict[str, Any]], fields: Iterable[str], tolerance
     return problems, skipped
 
 
-_NOT_LABELS = {"side", "metrics", "slowdown", "repeat_spread_pct"}
+_NOT_LABELS = {"side", "metrics", "slowdown", "prefill_slowdown", "repeat_spread_pct"}
 
 
 def _is_metric(key: str) -> bool:
@@ -212,6 +232,7 @@ def paired_rows(jobs: list[Job], sides: Sides, simulate: Any = None) -> list[dic
         if fastest is not None:
             slowest = max(m.duration for m in runs[i])
             rows.append({**metrics_row(fastest, "measured", job.labels), "slowdown": machine_slowdown(fastest, sides),
+                         "prefill_slowdown": prefill_slowdown(fastest, sides),
                          "repeat_spread_pct": 100.0 * (slowest / fastest.duration - 1)})  # the runs' disagreement
         rows.append({**metrics_row(simulated, "simulated", job.labels, reference=fastest), **extra})
     return rows

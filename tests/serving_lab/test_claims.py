@@ -57,3 +57,17 @@ def test_error_claim_skips_unsteady_pairs_and_unsteady_fits(capsys):
         error_claim(_pair(1.0, 90.0), ["duration"], steady)
     error_claim(_pair(1.0, 90.0), ["duration"], busy)
     assert capsys.readouterr().out.startswith("machine unsteady: profile 'calibrated-test' was fitted on a busy machine")
+
+
+def test_prefills_off_profile_make_a_run_unsteady_too(capsys):
+    """TTFT is made of prefill steps; a run whose decodes ran on-profile while its prefills did not is
+    skipped, naming its prefill steps."""
+    steady = calibrated(**STEADY_FIT)
+    pair = _pair(1.0, 37.0)
+    pair[0]["prefill_slowdown"] = 0.73
+    error_claim(pair, ["duration"], steady)
+    assert "its prefill steps: the engine ran 1.37x faster" in capsys.readouterr().out
+    assert "its prefill steps" in machine_note(steady, rows=pair)
+    pair[0]["prefill_slowdown"] = 1.1
+    with pytest.raises(AssertionError, match="37"):
+        error_claim(pair, ["duration"], steady)
