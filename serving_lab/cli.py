@@ -43,7 +43,8 @@ def _serve(args: argparse.Namespace) -> None:
 
 def serve_config(args: argparse.Namespace) -> EngineConfig | None:
     """`serve --config MANIFEST`: read the manifest with the given flags written over its keys, put its
-    model, served name and `api.stream` (`allow_streaming`) into `args`, and return its engine config, checked against the model's context
+    model, served name, numerics and `api.stream` (`allow_streaming`) into `args`, and return its engine config,
+    checked against the model's context
     length so that a bad value stops here, named by its key, rather than in the engine-core process.
     Without `--config`, the flags that only override a manifest are refused; returns None."""
     from serving_lab.manifest import OVERRIDE_FLAGS, load_manifest, naming_keys, simulated_arch
@@ -61,6 +62,7 @@ def serve_config(args: argparse.Namespace) -> EngineConfig | None:
     manifest = load_manifest(args.config, overrides)
     engine = manifest.llm_kwargs()
     args.model, args.served_model_name = engine["model"], manifest.engine.served_model_name
+    args.dtype, args.quantization = engine["dtype"], engine["quantization"]
     args.allow_streaming = manifest.api.stream
     with naming_keys():
         return engine["config"].for_model(simulated_arch(manifest.engine.model, "engine.model")
@@ -87,7 +89,7 @@ def _demo(args: argparse.Namespace) -> None:
 
 # `serve`'s own flags that also override a manifest key (ref_engine/entrypoints/openai/cli_args.py): they
 # mean the same without a manifest, so `serve` keeps them and takes only the other override flags.
-SERVE_KNOBS = ("model", "served_model_name", "max_model_len", "max_num_seqs")
+SERVE_KNOBS = ("model", "served_model_name", "max_model_len", "max_num_seqs", "dtype", "quantization")
 
 
 def _add_override_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:

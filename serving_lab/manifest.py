@@ -64,6 +64,10 @@ class EngineSection(_Section):
     tensor_parallel_size: PositiveInt
     trust_remote_code: bool  # vLLM's flag; our engine runs no model code from a repository either way
     served_model_name: NonEmptyStr | None  # the name clients send as "model" (None: engine.model)
+    # The engine's numerics. None: float32, the reference that matches transformers token for token (vLLM's
+    # own default is "auto", the checkpoint's dtype). int8: W8A8 on torch's x86 CPU kernels, computed in float32.
+    dtype: Literal["float32", "bfloat16"] | None = None
+    quantization: Literal["int8"] | None = None
 
 
 class RequestLimits(_Section):
@@ -154,8 +158,11 @@ class Manifest(_Section):
             return EngineConfig(**knobs)
 
     def llm_kwargs(self) -> dict[str, Any]:
-        """`LLM(**manifest.llm_kwargs())`: the engine's model (None: the default) and config, after the
-        checks only the one-device engine needs."""
+        """`LLM(**manifest.llm_kwargs())`: the engine's model (None: the default), numerics and config, after
+        the checks only the one-device engine needs."""
+        if self.engine.quantization is not None and self.engine.dtype not in (None, "float32"):
+            raise ManifestError(f"engine.quantization: {self.engine.quantization} computes in float32 around its "
+                                f"int8 products; engine.dtype must be float32 or null, got {self.engine.dtype!r}")
         if self.engine.tensor_parallel_size != 1:
             raise ManifestError(
                 f"engine.tensor_parallel_size: the reference engine runs on one device; allowed: 1, got "
@@ -164,14 +171,18 @@ class Manifest(_Section):
         if model != DEFAULT_MODEL and not Path(model).exists():
             raise ManifestError(f"engine.model: the engine loads {DEFAULT_MODEL!r}, a GGUF file or a Hugging "
                                 f"Face folder; {model!r} is none of them")
-        return {"model": None if model == DEFAULT_MODEL else model, "config": self.engine_config()}
+        return {"model": None if model == DEFAULT_MODEL else model, "config": self.engine_config(),
+                "dtype": self.engine.dtype or "float32", "quantization": self.engine.quantization}
 
     def simulator_kwargs(self) -> dict[str, Any]:
         """`Simulator(hardware=..., **manifest.simulator_kwargs())`: the priced model (known names too),
-        the config, the tensor-parallel degree and a draft model's dimensions."""
+        the config, the tensor-parallel degree, a draft model's dimensions, and the dtype the linear layers
+        run in when the manifest names one (int8 under `engine.quantization`; None: the simulator's choice,
+        a calibrated profile's own dtype or bfloat16), which the hardware profile must know how to price."""
         kwargs: dict[str, Any] = dict(model=simulated_arch(self.engine.model, "engine.model"),
                                       config=self.engine_config(),
-                                      tensor_parallel_size=self.engine.tensor_parallel_size)
+                                      tensor_parallel_size=self.engine.tensor_parallel_size,
+                                      dtype=self.engine.quantization or self.engine.dtype)
         spec = self.optional.speculative_decoding
         if spec is not None and spec.draft_model != NGRAM_DRAFT and not spec.draft_model.startswith("self:"):
             kwargs["draft_arch"] = simulated_arch(spec.draft_model, "optional.speculative_decoding.draft_model")
@@ -247,6 +258,8 @@ OVERRIDE_FLAGS = {
     "--model": "engine.model",
     "--served-model-name": "engine.served_model_name",
     "--tensor-parallel-size": "engine.tensor_parallel_size",
+    "--dtype": "engine.dtype",
+    "--quantization": "engine.quantization",
     "--max-model-len": "api.request_limits.max_model_len",
     "--max-num-seqs": "api.request_limits.max_num_seqs",
     "--preemption-mode": "api.admission.preempt",

@@ -88,16 +88,23 @@ def run_report(before: str | Path, after: str | Path, workload: str, *, hardware
     loaded = None
     if measure:
         engines = {name: m.llm_kwargs() for name, m in manifests.items()}  # refuses what the engine cannot run
-        models = {kwargs["model"] for kwargs in engines.values()}
-        if len(models) != 1:
-            raise ValueError(f"before and after serve different models ({', '.join(map(str, models))}); a "
-                             "throughput report compares configurations of one model")
+        served = {(kwargs["model"], kwargs["dtype"], kwargs["quantization"]) for kwargs in engines.values()}
+        if len(served) != 1:
+            raise ValueError("before and after serve different models or numerics (engine.model, engine.dtype, "
+                             f"engine.quantization: {sorted(served, key=str)}); a throughput report compares "
+                             "configurations of one model on one numeric path (the simulator prices one "
+                             "calibrated dtype): judge numerics with `serving-lab sweep`'s dtype points, which "
+                             "the eval set scores")
+        (path, dtype, quantization), = served
+        if quantization is not None and hardware is None:
+            raise ValueError(f"engine.quantization: {quantization} has no calibrated simulator profile on this "
+                             "machine yet; give --hardware NAME to price it with another profile")
         from ref_engine.model.loader import load_model
         from serving_lab.calibrate import load_or_calibrate
 
-        loaded = model if model is not None else load_model(models.pop())
+        loaded = model if model is not None else load_model(path, dtype=dtype, quantization=quantization)
         if hardware is None:
-            hardware = load_or_calibrate(loaded)
+            hardware = load_or_calibrate(loaded, dtype=dtype)
     profile = resolve_hardware(hardware)
     sides = {}
     for name, path in zip(SIDES, (before, after)):

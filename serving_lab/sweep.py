@@ -224,7 +224,8 @@ class Sweep:
         if speculating and rate is None:
             raise ManifestError(f"grid point {point.id}: speculation needs an `acceptance_rate` knob "
                                 "(the simulator's assumption of the share of draft tokens accepted)")
-        extra = {k: point.get(k) for k in ("dtype", "kv_cache_dtype") if point.get(k) is not None}
+        given = {"dtype": self.base["dtype"], **dict(point.knobs)}  # the manifest's numerics, unless the point's
+        extra = {k: given[k] for k in ("dtype", "kv_cache_dtype") if given.get(k) is not None}
         for name, value in extra.items():
             if value not in DTYPE_BYTES:
                 raise ManifestError(f"grid point {point.id}: {name}: unknown dtype {value!r}; "
@@ -264,8 +265,8 @@ class Sweep:
     def measure(self, points: Sequence[Point], repeats: int = 1, model: Any = None,
                 eval_prompts: int = EVAL_PROMPTS, eval_tokens: int = EVAL_TOKENS) -> list[dict[str, Any]]:
         """The points on the engine (each `repeats` times, interleaved, the fastest kept), as table rows with
-        the machine's `slowdown` against the profile (`experiments.machine_slowdown`). A point whose dtype
-        changes the numbers is judged on the eval set too (`agreement`, `mean_kl` against float32 on the
+        the machine's `slowdown` against the profile (`experiments.machine_slowdown`). A point whose dtype (or
+        the manifest's quantization) changes the numbers is judged on the eval set too (`agreement`, `mean_kl` against float32 on the
         first `eval_prompts` prompts, `eval_tokens` tokens each). `model`: a loaded float32 model to reuse."""
         from ref_engine.model.loader import load_model
         from serving_lab.eval_set import compare_quality
@@ -274,17 +275,18 @@ class Sweep:
 
         for point in points:
             self.check_engine_can_run(point)
-        path = self.manifest.llm_kwargs()["model"]
+        engine = self.manifest.llm_kwargs()
+        path, quantization = engine["model"], engine["quantization"]
         reference = model  # the float32 model, loaded once if needed
         rows = []
-        for dtype in dict.fromkeys(point.get("dtype", "float32") for point in points):
-            chosen = [p for p in points if p.get("dtype", "float32") == dtype]
+        for dtype in dict.fromkeys(point.get("dtype", engine["dtype"]) for point in points):
+            chosen = [p for p in points if p.get("dtype", engine["dtype"]) == dtype]
             reference = reference or load_model(path)
             quality: dict[str, float] = {}
-            if dtype == "float32":
+            if dtype == "float32" and quantization is None:
                 loaded = reference
             else:
-                loaded = load_model(path, dtype=dtype)
+                loaded = load_model(path, dtype=dtype, quantization=quantization)
                 judged = compare_quality(reference, [loaded], prompts(eval_prompts), eval_tokens)[0]
                 quality = {"agreement": judged.agreement, "mean_kl": judged.mean_kl}
             sides = Sides(model=loaded, hardware=self.hardware, repeats=repeats, arch=self.base["model"], dtype=dtype)

@@ -26,21 +26,22 @@ from sim import Simulator
 # ---- E07.1: the Pareto front of a sweep -----------------------------------------------------------------
 
 HAND_TABLE = [
-    {"output_throughput": 100, "p99_itl_ms": 10, "p99_ttft_ms": 100},  # 0: front (lowest ITL)
-    {"output_throughput": 200, "p99_itl_ms": 20, "p99_ttft_ms": 100},  # 1: front
-    {"output_throughput": 150, "p99_itl_ms": 25, "p99_ttft_ms": 150},  # 2: dominated by 1
-    {"output_throughput": 200, "p99_itl_ms": 20, "p99_ttft_ms": 100},  # 3: equal to 1: neither dominates
-    {"output_throughput": 50, "p99_itl_ms": 30, "p99_ttft_ms": 50},    # 4: front (lowest TTFT)
-    {"output_throughput": 90, "p99_itl_ms": 10, "p99_ttft_ms": 100},   # 5: dominated by 0
+    {"output_throughput": 300, "p99_itl_ms": 30, "p99_ttft_ms": 400},  # 0: dominated by 1 (same, but slower ITL)
+    {"output_throughput": 300, "p99_itl_ms": 25, "p99_ttft_ms": 400},  # 1: front (most throughput)
+    {"output_throughput": 120, "p99_itl_ms": 8, "p99_ttft_ms": 900},   # 2: front (lowest ITL)
+    {"output_throughput": 250, "p99_itl_ms": 25, "p99_ttft_ms": 200},  # 3: front (trades throughput for TTFT)
+    {"output_throughput": 250, "p99_itl_ms": 25, "p99_ttft_ms": 200},  # 4: equal to 3: neither dominates
+    {"output_throughput": 100, "p99_itl_ms": 9, "p99_ttft_ms": 950},   # 5: dominated by 2
+    {"output_throughput": 80, "p99_itl_ms": 40, "p99_ttft_ms": 100},   # 6: front (lowest TTFT)
 ]
 
 
 def test_e07_1_hand_built_table(impl):
-    assert impl.pareto_front(HAND_TABLE) == [0, 1, 3, 4]
-    assert impl.pareto_front(HAND_TABLE, ("output_throughput",), ("p99_itl_ms", "p99_ttft_ms")) == [0, 1, 3, 4]
-    assert impl.pareto_front(HAND_TABLE, minimize=()) == [1, 3]  # throughput alone: the two best, tied
-    assert impl.pareto_front(HAND_TABLE, maximize=(), minimize=("p99_itl_ms",)) == [0, 5]
-    assert impl.pareto_front(HAND_TABLE, maximize=(), minimize=("p99_ttft_ms",)) == [4]
+    assert impl.pareto_front(HAND_TABLE) == [1, 2, 3, 4, 6]
+    assert impl.pareto_front(HAND_TABLE, ("output_throughput",), ("p99_itl_ms", "p99_ttft_ms")) == [1, 2, 3, 4, 6]
+    assert impl.pareto_front(HAND_TABLE, minimize=()) == [0, 1]  # throughput alone: the two best, tied
+    assert impl.pareto_front(HAND_TABLE, maximize=(), minimize=("p99_itl_ms",)) == [2]
+    assert impl.pareto_front(HAND_TABLE, maximize=(), minimize=("p99_ttft_ms",)) == [6]
 
 
 def test_e07_1_edge_cases(impl):

@@ -32,9 +32,10 @@ ROOT = Path(__file__).resolve().parents[2]
 VLLM_SERVE_FLAGS = {
     "--served-model-name", "--trust-remote-code", "--tensor-parallel-size", "--max-model-len", "--max-num-seqs",
     "--block-size", "--enable-chunked-prefill", "--max-num-batched-tokens", "--long-prefill-token-threshold",
-    "--scheduling-policy", "--speculative-config",
+    "--scheduling-policy", "--speculative-config", "--dtype",
 }
-VLLM_CHOICES = {"--scheduling-policy": {"fcfs", "priority"}}
+VLLM_CHOICES = {"--scheduling-policy": {"fcfs", "priority"},
+                "--dtype": {"auto", "half", "float16", "bfloat16", "float", "float32"}}
 
 
 def example() -> dict[str, Any]:
@@ -71,7 +72,25 @@ def test_the_shipped_manifest_builds_the_engine_config_it_describes():
         scheduling_policy="fair", scheduling="continuous", prefill_budget_tokens=256, decode_batch_max_tokens=32,
         max_num_batched_tokens=256 + 32)  # the step holds the prefill budget and the decode budget
     assert manifest.metrics == list(get_args(MetricName)) == list(MANIFEST_METRICS)
-    assert manifest.llm_kwargs() == {"model": None, "config": manifest.engine_config()}  # None: the default model
+    assert manifest.llm_kwargs() == {"model": None, "config": manifest.engine_config(),  # None: the default model
+                                     "dtype": "float32", "quantization": None}  # the float32 reference
+
+
+def test_numerics_reach_the_engine_the_simulator_and_vllm(tmp_path, capsys):
+    bf16 = load_manifest(EXAMPLE_MANIFEST, {"engine.dtype": "bfloat16"})
+    assert bf16.llm_kwargs()["dtype"] == "bfloat16" and bf16.simulator_kwargs()["dtype"] == "bfloat16"
+    assert Simulator(hardware="h100-sxm", **bf16.simulator_kwargs()).dtype == "bfloat16"
+    int8 = load_manifest(EXAMPLE_MANIFEST, {"engine.quantization": "int8"})
+    assert (int8.llm_kwargs()["dtype"], int8.llm_kwargs()["quantization"]) == ("float32", "int8")
+    assert int8.simulator_kwargs()["dtype"] == "int8"  # 8-bit weights: what the simulator prices
+    with pytest.raises(ManifestError, match=r"engine\.quantization: int8 computes in float32.*'bfloat16'"):
+        load_manifest(EXAMPLE_MANIFEST, {"engine.quantization": "int8", "engine.dtype": "bfloat16"}).llm_kwargs()
+    with pytest.raises(ManifestError, match=r"engine\.quantization: got 'int4'; allowed: 'int8'"):
+        load_manifest(EXAMPLE_MANIFEST, {"engine.quantization": "int4"})
+    out = run_cli(["manifest", "--to-vllm", str(EXAMPLE_MANIFEST), "--dtype", "bfloat16", "--quantization", "int8"],
+                  capsys)
+    assert vllm_flags(out)[1]["--dtype"] == "bfloat16"
+    assert any(line.startswith("# engine.quantization: int8") for line in out.splitlines())
 
 
 @pytest.mark.parametrize("overrides, knobs", [

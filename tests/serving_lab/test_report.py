@@ -106,6 +106,13 @@ def test_existing_folder_needs_force_and_a_failed_write_leaves_nothing(simulated
     assert not (out / "mine.txt").exists() and (out / "report.html").exists()
 
 
+def test_before_and_after_must_share_the_numerics(tmp_path):
+    (tmp_path / "bf16.yaml").write_text(AFTER.read_text().replace("  served_model_name: smollm2",
+                                                                  "  served_model_name: smollm2\n  dtype: bfloat16"))
+    with pytest.raises(ValueError, match="before and after serve different models or numerics"):
+        report.run_report(BEFORE, tmp_path / "bf16.yaml", WORKLOAD, hardware="local-cpu")
+
+
 def test_a_manifest_the_engine_cannot_run_is_named(tmp_path):
     text = AFTER.read_text().replace("tensor_parallel_size: 1", "tensor_parallel_size: 2")
     (tmp_path / "tp2.yaml").write_text(text)

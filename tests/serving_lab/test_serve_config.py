@@ -74,6 +74,20 @@ def test_a_manifest_that_does_not_stream_answers_stream_requests_with_400(tmp_pa
     assert (error.value.status, error.value.param) == (400, "stream") and "api.stream: false" in error.value.message
 
 
+def test_the_manifest_sets_the_numerics_and_a_flag_overrides_them(tmp_path, tiny):
+    data = yaml.safe_load(EXAMPLE_MANIFEST.read_text())
+    data["engine"]["dtype"] = "bfloat16"
+    (tmp_path / "bf16.yaml").write_text(yaml.safe_dump(data))
+    argv = ["serve", str(tiny), "--config", str(tmp_path / "bf16.yaml"), "--max-model-len", "256"]
+    args = cli.build_parser().parse_args(argv)
+    cli.serve_config(args)
+    assert (args.dtype, args.quantization) == ("bfloat16", None)
+    args = cli.build_parser().parse_args([*argv, "--dtype", "float32", "--quantization", "int8"])
+    cli.serve_config(args)
+    assert (args.dtype, args.quantization) == ("float32", "int8")
+    assert not hasattr(cli.build_parser().parse_args(["serve"]), "dtype")  # no manifest: build_server's float32
+
+
 async def collect(http: httpx.AsyncClient, body: dict, started: asyncio.Event) -> list[dict]:
     """Every data chunk of a streamed completion; `started` is set at the first."""
     chunks = []

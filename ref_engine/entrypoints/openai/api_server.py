@@ -374,7 +374,7 @@ def build_server(args: argparse.Namespace, config: EngineConfig | None = None) -
         knobs |= tenant_knobs(api_keys)
     chat_template = Path(args.chat_template).read_text(encoding="utf-8") if args.chat_template else None
     served_model_name = getattr(args, "served_model_name", None)
-    engine = AsyncLLM(EngineArgs(getattr(args, "model", None), dtype=args.dtype,
+    engine = AsyncLLM(EngineArgs(getattr(args, "model", None), dtype=getattr(args, "dtype", "float32"),
                                  quantization=getattr(args, "quantization", None), engine_kwargs=knobs,
                                  trace_requests=args.trace_requests), served_model_name)
     app = build_app(engine, served_model_name=served_model_name, api_keys=api_keys,

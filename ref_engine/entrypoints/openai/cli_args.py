@@ -25,8 +25,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="the name clients use (default: the model's)")
     parser.add_argument("--api-key-file", default=None,
                         help='JSON: {"<key>": {"tenant": "...", "weight": 1.0, "max_num_seqs": null}}')
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
+    parser.add_argument("--dtype", default=argparse.SUPPRESS, choices=["float32", "bfloat16"],
+                        help="the weights' dtype (default: float32, the reference)")
+    parser.add_argument("--quantization", default=argparse.SUPPRESS, choices=list(QUANTIZATION_METHODS),
                         help="int8: W8A8 weights and activations (ref_engine/model/quantization.py)")
     parser.add_argument("--max-model-len", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--max-num-seqs", type=int, default=argparse.SUPPRESS)
