@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ref_engine.core.metrics import RunMetrics, relative_error
+from serving_lab.calibrate import fastest_runs, load_or_calibrate
 from serving_lab.manifest import Manifest, load_manifest
 from serving_lab.workload_spec import parse_workload
 from sim.hardware import HardwareProfile
@@ -65,7 +66,7 @@ class Configuration:
     slowdown: float | None = None
 
     def fastest(self) -> RunMetrics | None:
-        return max(self.measured, key=lambda m: m.output_throughput) if self.measured else None
+        return fastest_runs([self.measured])[0] if self.measured else None
 
 
 @dataclass
@@ -100,8 +101,6 @@ def run_report(before: str | Path, after: str | Path, workload: str, *, hardware
             raise ValueError(f"engine.quantization: {quantization} has no calibrated simulator profile on this "
                              "machine yet; give --hardware NAME to price it with another profile")
         from ref_engine.model.loader import load_model
-        from serving_lab.calibrate import load_or_calibrate
-
         loaded = model if model is not None else load_model(path, dtype=dtype, quantization=quantization)
         if hardware is None:
             hardware = load_or_calibrate(loaded, dtype=dtype)
@@ -111,14 +110,13 @@ def run_report(before: str | Path, after: str | Path, workload: str, *, hardware
         simulator = Simulator(hardware=profile, **manifests[name].simulator_kwargs())
         sides[name] = Configuration(name, str(path), manifests[name], [], simulator.run(parsed))
     if measure:
-        from ref_engine import bench
-        from serving_lab.experiments.common import Sides, machine_slowdown
+        from serving_lab.experiments.common import Job, Sides, machine_slowdown, measured_runs
 
-        for _ in range(repeats):
-            for side in sides.values():
-                side.measured.append(bench.run_rounds([parsed], engines[side.name]["config"], model=loaded)[-1])
-        for side in sides.values():
-            side.slowdown = machine_slowdown(side.fastest(), Sides(model=loaded, hardware=profile))
+        engine_sides = Sides(model=loaded, hardware=profile, repeats=repeats)
+        jobs = [Job(parsed, engines[name]["config"], {}) for name in sides]
+        for side, runs in zip(sides.values(), measured_runs(jobs, engine_sides).values()):
+            side.measured = runs
+            side.slowdown = machine_slowdown(side.fastest(), engine_sides)
     return Report(results_document(sides, workload, seed, profile, repeats if measure else 0), sides)
 
 

@@ -254,8 +254,8 @@ class Sweep:
         return row
 
     def check_engine_can_run(self, point: Point) -> None:
-        """A point the one-device CPU engine cannot honour is refused before anything runs."""
-        self.manifest.llm_kwargs()
+        """A point the one-device CPU engine cannot honour (beyond what the manifest's `llm_kwargs` refuses)
+        is refused before anything runs."""
         for name, value in point.knobs:
             allowed = KNOBS[name].engine_values
             if allowed is not None and value not in allowed:
@@ -268,14 +268,15 @@ class Sweep:
         the machine's `slowdown` against the profile (`experiments.machine_slowdown`). A point whose dtype (or
         the manifest's quantization) changes the numbers is judged on the eval set too (`agreement`, `mean_kl` against float32 on the
         first `eval_prompts` prompts, `eval_tokens` tokens each). `model`: a loaded float32 model to reuse."""
-        from ref_engine.model.loader import load_model
+        from ref_engine.model.loader import load_model, quantized
+        from serving_lab.calibrate import fastest_runs
         from serving_lab.eval_set import compare_quality
         from serving_lab.eval_set import eval_prompts as prompts
         from serving_lab.experiments.common import Job, Sides, machine_slowdown, measured_runs
 
+        engine = self.manifest.llm_kwargs()  # refuses what the engine cannot run at all
         for point in points:
             self.check_engine_can_run(point)
-        engine = self.manifest.llm_kwargs()
         path, quantization = engine["model"], engine["quantization"]
         reference = model  # the float32 model, loaded once if needed
         rows = []
@@ -283,16 +284,16 @@ class Sweep:
             chosen = [p for p in points if p.get("dtype", engine["dtype"]) == dtype]
             reference = reference or load_model(path)
             quality: dict[str, float] = {}
-            if dtype == "float32" and quantization is None:
-                loaded = reference
+            if dtype == "float32":  # the reference's weights, quantized in a copy if the manifest says so
+                loaded = quantized(reference, quantization) if quantization else reference
             else:
                 loaded = load_model(path, dtype=dtype, quantization=quantization)
+            if loaded is not reference:
                 judged = compare_quality(reference, [loaded], prompts(eval_prompts), eval_tokens)[0]
                 quality = {"agreement": judged.agreement, "mean_kl": judged.mean_kl}
             sides = Sides(model=loaded, hardware=self.hardware, repeats=repeats, arch=self.base["model"], dtype=dtype)
             jobs = [Job(self._workload, p.config(self.base["config"]), {}) for p in chosen]
-            for point, runs in zip(chosen, measured_runs(jobs, sides).values()):
-                fastest = min(runs, key=lambda m: m.duration)
+            for point, fastest in zip(chosen, fastest_runs(list(measured_runs(jobs, sides).values()))):
                 rows.append(self.row(point, "measured", fastest, slowdown=machine_slowdown(fastest, sides), **quality))
         return rows
 

@@ -178,3 +178,11 @@ def test_parallel_jobs_give_the_same_table(tmp_path):
     assert len((tmp_path / "out" / "points.jsonl").read_text().splitlines()) == len(serial.rows)
     with pytest.raises(ValueError, match="jobs must be >= 1"):
         run_sweep(_sweep(), jobs=0)
+
+
+
+def test_an_int8_manifest_stops_at_a_profile_that_cannot_price_int8():
+    with pytest.raises(ManifestError, match="grid point max_num_seqs=2: profile 'local-cpu' has no peak FLOP/s for "
+                                            "dtype 'int8'"):
+        Sweep(load_manifest(EXAMPLE_MANIFEST, {"engine.quantization": "int8"}), parse_grid({"max_num_seqs": [2]}),
+              "synthetic:2:16:4", hardware="local-cpu")
