@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -44,6 +44,11 @@ _IMAGES_JS = """async (timeoutMs) => {
   return imgs.map(img => [img.currentSrc || img.src, img.naturalWidth, img.naturalHeight]);
 }"""
 
+# The page's links as the browser resolved them, and the anchors it offers to links from elsewhere.
+_LINKS_JS = """() => [Array.from(document.querySelectorAll("a[href]"), a => a.href),
+  Array.from(document.querySelectorAll("[id]"), e => e.id).concat(
+    Array.from(document.querySelectorAll("a[name]"), a => a.name))]"""
+
 
 @dataclass(frozen=True)
 class PageCheck:
@@ -52,6 +57,8 @@ class PageCheck:
     console_errors: list[str]  # console.error messages (Chromium's own "Failed to load resource" too) and uncaught errors
     failed_requests: list[str]  # "url (reason)" for each request that failed or got an HTTP status >= 400
     images: list[tuple[str, int, int]]  # (src cut to SRC_CHARS, natural width, natural height) per <img>
+    links: list[str] = field(default_factory=list)  # every <a href> as the browser resolved it (absolute URL)
+    ids: list[str] = field(default_factory=list)  # every element id and <a name>: the anchors a link may target
 
     def problems(self) -> list[str]:
         """Every error, failed request and image of size 0, one line each (empty for a clean page)."""
@@ -114,11 +121,40 @@ def open_pages(paths: Iterable[Path], executable: str | None = None) -> dict[Pat
                     f"{_short(resp.url)} (HTTP {resp.status})") if resp.status >= 400 else None)
                 page.goto(Path(path).resolve().as_uri(), wait_until="load", timeout=TIMEOUT_MS)
                 images = [(_short(src), int(w), int(h)) for src, w, h in page.evaluate(_IMAGES_JS, TIMEOUT_MS)]
+                links, ids = page.evaluate(_LINKS_JS)
                 page.close()
-                checks[path] = PageCheck(console_errors=errors, failed_requests=failed, images=images)
+                checks[path] = PageCheck(console_errors=errors, failed_requests=failed, images=images,
+                                         links=links, ids=ids)
         finally:
             browser.close()
     return checks
+
+
+def broken_links(checks: dict[Path, PageCheck], site: Path) -> list[str]:
+    """Links between local pages that lead nowhere: "page -> link (why)" for a link into `site` whose file is
+    missing or whose #anchor is not an id of the target page. Every target must be among the opened pages
+    (open them all) so that its anchors are known; links outside `site` (the web, data:) are not followed."""
+    from urllib.parse import unquote, urlsplit
+
+    site = Path(site).resolve()
+    anchors = {Path(p).resolve(): set(check.ids) for p, check in checks.items()}
+    problems = []
+    for page, check in checks.items():
+        for link in check.links:
+            parts = urlsplit(link)
+            if parts.scheme != "file":
+                continue
+            target = Path(unquote(parts.path)).resolve()
+            if not target.is_relative_to(site):
+                problems.append(f"{page} -> {link} (outside the site)")
+            elif target.is_dir() or not target.is_file():
+                problems.append(f"{page} -> {link} (no such file)")
+            elif parts.fragment and target.suffix == ".html":
+                if target not in anchors:
+                    problems.append(f"{page} -> {link} (target page not opened, anchors unknown)")
+                elif not {parts.fragment, unquote(parts.fragment)} & anchors[target]:
+                    problems.append(f"{page} -> {link} (no anchor #{parts.fragment})")
+    return problems
 
 
 def open_page(path: Path, executable: str | None = None) -> PageCheck:

@@ -1,0 +1,414 @@
+#!/usr/bin/env python3
+"""Build the course as a static website: lessons, glossary, interview bank, a mock interview, the notebooks
+with their outputs and plots, and every source file the course links, in one folder a browser opens.
+
+    python lessons/tools/course_site.py                    # site/: notebooks executed in fast mode (~10 min)
+    python lessons/tools/course_site.py --no-execute       # notebooks shown without outputs (seconds)
+    python lessons/tools/course_site.py --update-figures   # also refresh lessons/img/ from the executed notebooks
+    python -m http.server -d site                          # then open http://localhost:8000 (or open site/index.html)
+
+Why these tools and not a site generator: the course is GitHub-flavoured Markdown that must read well on
+GitHub as it is (raw `<a id>` anchors, relative `.md` and `.ipynb` links), so the site renders the same files
+with the same Markdown library the capstone report uses (markdown-it-py), renders notebooks with nbconvert and
+executes them with nbclient (both part of Jupyter, already installed for nbval), and wraps every page in one
+Jinja template. Jupyter Book 2 (MyST) was the other candidate: it is a Node.js application, which the course's
+machines (Python, pip and gcc) do not have, and it would rewrite the anchor and link conventions the checker
+(`course_check.py`) relies on. The folder mirrors the repository: `lessons/01-x.md` becomes `lessons/01-x.html`,
+`notebooks/01-x.ipynb` becomes `notebooks/01-x.html`, `sim/simulator.py` becomes `sim/simulator.py.html`, so
+every relative link of the course keeps working once its suffix is mapped (`site_url`).
+
+Figures: a notebook cell tagged `figure:<name>` makes the image `lessons/img/<stem>-<name>.png` that the lesson
+embeds. `--update-figures` writes those files from a fresh execution; the committed images are what GitHub and
+a `--no-execute` build show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from course_links import ROOT, Course  # noqa: E402
+
+TEMPLATES = Path(__file__).resolve().parent / "site"
+FIGURE_TAG = "figure:"
+IMAGE_SUFFIXES = {".png", ".svg", ".jpg", ".jpeg", ".gif"}
+HREF_RE = re.compile(r'(\b(?:href|src)=")([^"]*)(")')
+EXTERNAL_RE = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]*:|//|#)")
+ENTRY_PAGES = ("lessons/README.md", "glossary.md", "lessons/interview-bank.md", "notebooks/README.md")
+PROJECT_PAGES = (("README.md", "Project README"), ("ARCHITECTURE.md", "Architecture"),
+                 ("benchmarks/RESULTS.md", "Measured results"))
+LEVELS = {"E": "easy", "M": "medium", "H": "hard"}
+
+
+class SiteError(Exception):
+    """A site that cannot be built as asked (a notebook that fails, a missing tool); the message says which."""
+
+
+@dataclass
+class Site:
+    """What the site holds, as repository paths (relative, POSIX): found by following the course's links."""
+
+    markdown: list[str] = field(default_factory=list)
+    notebooks: list[str] = field(default_factory=list)
+    code: list[str] = field(default_factory=list)
+    folders: list[str] = field(default_factory=list)
+    images: list[str] = field(default_factory=list)
+
+
+def site_url(repo_path: str, root: Path = ROOT) -> str:
+    """Where a repository file lives in the site: Markdown and notebooks become `.html`, a folder its
+    `index.html`, an image stays itself, any other file becomes a highlighted `<name>.html` page."""
+    path = Path(repo_path)
+    if (root / path).is_dir():
+        return (path / "index.html").as_posix()
+    if path.suffix in (".md", ".ipynb"):
+        return path.with_suffix(".html").as_posix()
+    if path.suffix.lower() in IMAGE_SUFFIXES:
+        return path.as_posix()
+    return f"{path.as_posix()}.html"
+
+
+def rewrite_links(html: str, page: str, root: Path = ROOT) -> str:
+    """Map every relative href/src of a page rendered from the repository file `page` to the site's files."""
+    page_dir = Path(page).parent
+
+    def one(match: re.Match) -> str:
+        target = match.group(2)
+        if not target or EXTERNAL_RE.match(target):
+            return match.group(0)
+        path, _, anchor = target.partition("#")
+        repo_target = Path(os.path.normpath(page_dir / unquote(path))).as_posix()
+        if repo_target.startswith("..") or not (root / repo_target).exists():
+            return match.group(0)  # left as written: the browser check reports it as broken
+        url = os.path.relpath(site_url(repo_target, root), page_dir.as_posix() or ".")
+        return f"{match.group(1)}{Path(url).as_posix()}{'#' + anchor if anchor else ''}{match.group(3)}"
+
+    return HREF_RE.sub(one, html)
+
+
+def collect(course: Course) -> Site:
+    """Every page the site needs: the course's entry pages, each lesson and notebook in course order, and what
+    they link to, transitively through Markdown (files outside the repository are never followed)."""
+    root = course.root
+    start = list(ENTRY_PAGES) + [p for p, _ in PROJECT_PAGES]
+    for lesson in course.plan:
+        start.append(f"lessons/{lesson.stem}.md")
+        if lesson.notebook:
+            start.append(f"notebooks/{lesson.stem}.ipynb")
+    site, seen, todo = Site(), set(), [s for s in start if (root / s).exists()]
+    while todo:
+        name = todo.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        path = root / name
+        if path.is_dir():
+            site.folders.append(name)  # its listing links every file in it: each gets a page too
+            todo += [p.relative_to(root).as_posix() for p in sorted(path.iterdir()) if not _hidden(p)]
+            continue
+        suffix = path.suffix.lower()
+        if suffix in IMAGE_SUFFIXES:
+            site.images.append(name)
+            continue
+        if suffix not in (".md", ".ipynb"):
+            site.code.append(name)
+            continue
+        (site.markdown if suffix == ".md" else site.notebooks).append(name)
+        for link in course.links(path):
+            if link.is_external or not link.path_part:
+                continue
+            target = link.resolved
+            if target.exists() and target.resolve().is_relative_to(root):
+                todo.append(target.resolve().relative_to(root).as_posix())
+    return site
+
+
+def _hidden(path: Path) -> bool:
+    return path.name.startswith((".", "__pycache__")) or path.suffix in (".pyc",)
+
+
+# ---- rendering ----------------------------------------------------------------------------------------------
+
+def heading_id(text: str) -> str:
+    """The id GitHub gives a Markdown heading (lower case, punctuation dropped, spaces to hyphens), so that links
+    written for GitHub (`README.md#the-deployment-manifest`) work on the site too."""
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def _markdown_to_html(text: str) -> str:
+    from markdown_it import MarkdownIt
+
+    md = MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
+    tokens = md.parse(text)
+    used: dict[str, int] = {}
+    for heading, inline in zip(tokens, tokens[1:]):
+        if heading.type == "heading_open":
+            plain = "".join(c.content for c in inline.children or () if c.type in ("text", "code_inline"))
+            slug = heading_id(plain)
+            heading.attrSet("id", slug if slug not in used else f"{slug}-{used[slug]}")
+            used[slug] = used.get(slug, 0) + 1
+    return md.renderer.render(tokens, md.options, {})
+
+
+def _title(text: str, fallback: str) -> str:
+    match = re.search(r"^#\s+(.+)$", text, re.MULTILINE)
+    return re.sub(r"[`*_]", "", match.group(1)).strip() if match else fallback
+
+
+@dataclass(frozen=True)
+class NavItem:
+    title: str
+    repo_path: str
+    children: tuple[NavItem, ...] = ()
+
+
+def navigation(course: Course) -> list[NavItem]:
+    """The sidebar, in course order: each lesson with its notebook, then the bank, mock interview, glossary."""
+    items = [NavItem("Course map", "lessons/README.md")]
+    for lesson in course.plan:
+        label = lesson.number if lesson.number != "C" else "Capstone"
+        title = lesson.title if lesson.number != "C" else lesson.title.split(":", 1)[-1].strip()
+        children = ((NavItem("Notebook", f"notebooks/{lesson.stem}.ipynb"),) if lesson.notebook else ())
+        items.append(NavItem(f"{label} · {title}" if lesson.number != "C" else f"{label}: {title}",
+                             f"lessons/{lesson.stem}.md", children))
+    items += [NavItem("Interview bank", "lessons/interview-bank.md"), NavItem("Mock interview", "mock-interview"),
+              NavItem("Glossary", "glossary.md")]
+    items += [NavItem(title, path) for path, title in PROJECT_PAGES]
+    return items
+
+
+class Renderer:
+    """Writes pages into `out` through the one template; every link is made relative to the page's place."""
+
+    def __init__(self, course: Course, out: Path) -> None:
+        import jinja2
+        from pygments.formatters import HtmlFormatter
+
+        self.course, self.out = course, out
+        env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True)
+        self.template = env.get_template("page.html.j2")
+        self.nav = navigation(course)
+        self.pygments_css = HtmlFormatter().get_style_defs(".highlight")
+
+    def _site_path(self, repo_path: str) -> str:
+        return "mock-interview.html" if repo_path == "mock-interview" else site_url(repo_path, self.course.root)
+
+    def write(self, repo_path: str, title: str, body: str) -> Path:
+        """One page: `body` is HTML whose links are written relative to `repo_path`'s folder in the repository."""
+        from markupsafe import Markup
+
+        target = self._site_path(repo_path)
+        here = Path(target).parent.as_posix() or "."
+
+        def url(path: str) -> str:
+            return Path(os.path.relpath(self._site_path(path), here)).as_posix()
+
+        html = self.template.render(
+            title=title, body=Markup(rewrite_links(body, repo_path, self.course.root)), nav=self.nav,
+            current=repo_path, url=url, home=url_of_home(here), css=url_of_css(here))
+        path = self.out / target
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(html, encoding="utf-8")
+        return path
+
+    def markdown_page(self, repo_path: str) -> Path:
+        text = (self.course.root / repo_path).read_text(encoding="utf-8")
+        return self.write(repo_path, _title(text, repo_path), _markdown_to_html(text))
+
+    def notebook_page(self, repo_path: str, notebook) -> Path:
+        from nbconvert import HTMLExporter
+
+        body, _ = HTMLExporter(template_name="basic").from_notebook_node(notebook)
+        title = _title("".join(c.source for c in notebook.cells[:1] if c.cell_type == "markdown"), repo_path)
+        return self.write(repo_path, f"Notebook: {title}", body)
+
+    def code_page(self, repo_path: str) -> Path:
+        from pygments import highlight
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import TextLexer, get_lexer_for_filename
+        from pygments.util import ClassNotFound
+
+        text = (self.course.root / repo_path).read_text(encoding="utf-8", errors="replace")
+        try:
+            lexer = get_lexer_for_filename(repo_path, text)
+        except ClassNotFound:
+            lexer = TextLexer()
+        code = highlight(text, lexer, HtmlFormatter(linenos="inline", linespans="L"))
+        header = f"<h1><code>{repo_path}</code></h1>"
+        return self.write(repo_path, repo_path, header + code)
+
+    def folder_page(self, repo_path: str) -> Path:
+        folder = self.course.root / repo_path
+        rows = [f'<li><a href="{p.name}{"/" if p.is_dir() else ""}">{p.name}</a></li>'
+                for p in sorted(folder.iterdir()) if not _hidden(p)]
+        # Links to a folder's files point at their pages: site_url maps them as it maps any link.
+        return self.write(f"{repo_path}/index", repo_path, f"<h1><code>{repo_path}/</code></h1><ul>{''.join(rows)}</ul>")
+
+    def css(self) -> None:
+        css = (TEMPLATES / "style.css").read_text(encoding="utf-8") + "\n" + self.pygments_css
+        (self.out / "style.css").write_text(css, encoding="utf-8")
+
+
+def url_of_home(here: str) -> str:
+    return Path(os.path.relpath("index.html", here)).as_posix()
+
+
+def url_of_css(here: str) -> str:
+    return Path(os.path.relpath("style.css", here)).as_posix()
+
+
+def mock_interview_body(course: Course) -> str:
+    """The mock-interview page: every question as data, and a small script that draws a set by level."""
+    questions = [{"id": q.id, "title": q.title, "level": q.tags[0], "design": "design" in q.tags,
+                  "url": f"lessons/interview-bank.html#{q.anchor}"} for q in course.questions]
+    counts = {level: sum(q["level"] == level for q in questions) for level in LEVELS}
+    options = "".join(f'<label><input type="checkbox" name="level" value="{k}" checked> {v} ({counts[k]})</label> '
+                      for k, v in LEVELS.items())
+    return (TEMPLATES / "mock-interview.html").read_text(encoding="utf-8").replace(
+        "{{OPTIONS}}", options).replace("{{TOTAL}}", str(len(questions))).replace(
+        "{{QUESTIONS}}", json.dumps(questions).replace("</", "<\\/"))
+
+
+def home_body(course: Course) -> str:
+    rows = []
+    for lesson in course.plan:
+        notebook = (f' · <a href="notebooks/{lesson.stem}.html">notebook</a>' if lesson.notebook else "")
+        questions = len(course.questions_of(lesson.stem))
+        extra = f" · {questions} interview questions" if questions else ""
+        rows.append(f'<li><a href="lessons/{lesson.stem}.html">{lesson.title}</a>{notebook}{extra} '
+                    f'<span class="muted">({lesson.minutes} min)</span></li>')
+    return (TEMPLATES / "home.html").read_text(encoding="utf-8").replace("{{LESSONS}}", "".join(rows)).replace(
+        "{{QUESTIONS}}", str(len(course.questions)))
+
+
+# ---- notebooks and their figures ----------------------------------------------------------------------------
+
+def read_notebook(path: Path, execute: bool, timeout_s: int = 1800):
+    """The notebook, executed in its own folder with a fresh kernel (fast mode unless SERVING_LAB_MODE says)
+    when `execute`; a failing cell stops the build and names the notebook and the cell."""
+    import nbformat
+
+    notebook = nbformat.read(path, as_version=4)
+    if execute:
+        from nbclient import NotebookClient
+        from nbclient.exceptions import CellExecutionError
+
+        client = NotebookClient(notebook, timeout=timeout_s, kernel_name="python3",
+                                resources={"metadata": {"path": str(path.parent)}})
+        try:
+            client.execute()
+        except CellExecutionError as exc:
+            raise SiteError(f"{path.name}: a cell failed while executing:\n{exc}") from None
+    return notebook
+
+
+def figures_of(notebook, stem: str) -> dict[str, bytes]:
+    """`{"lessons/img/<stem>-<name>.png": png}` for each executed cell tagged `figure:<name>`."""
+    import base64
+
+    found = {}
+    for cell in notebook.cells:
+        names = [t[len(FIGURE_TAG):] for t in cell.get("metadata", {}).get("tags", []) if t.startswith(FIGURE_TAG)]
+        pngs = [o["data"]["image/png"] for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
+        for name in names:
+            if not pngs:
+                raise SiteError(f"{stem}.ipynb: the cell tagged {FIGURE_TAG}{name} made no image")
+            found[f"lessons/img/{stem}-{name}.png"] = base64.b64decode(pngs[0])
+    return found
+
+
+def figure_tags(path: Path) -> list[str]:
+    """The figure names a notebook promises (without executing it)."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return [t[len(FIGURE_TAG):] for c in cells for t in c.get("metadata", {}).get("tags", []) if t.startswith(FIGURE_TAG)]
+
+
+# ---- the build ----------------------------------------------------------------------------------------------
+
+def build(out: Path, *, execute: bool = True, update_figures: bool = False, root: Path = ROOT,
+          progress=print) -> Site:
+    """Build the site into `out` (replaced whole, never left half-written: built beside it, then renamed)."""
+    if update_figures and not execute:
+        raise SiteError("--update-figures needs the notebooks executed (drop --no-execute)")
+    course = Course(root)
+    site = collect(course)
+    out = Path(out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        renderer = Renderer(course, tmp)
+        renderer.css()
+        figures: dict[str, bytes] = {}
+        for name in site.notebooks:
+            started = time.perf_counter()
+            notebook = read_notebook(root / name, execute)
+            if execute:
+                figures.update(figures_of(notebook, Path(name).stem))
+                progress(f"executed {name} in {time.perf_counter() - started:.0f} s")
+            renderer.notebook_page(name, notebook)
+        if update_figures:
+            for name, png in figures.items():
+                (root / name).write_bytes(png)
+                progress(f"wrote {name}")
+        for name in site.markdown:
+            renderer.markdown_page(name)
+        for name in site.code:
+            renderer.code_page(name)
+        for name in site.folders:
+            renderer.folder_page(name)
+        for name in site.images + sorted(f"lessons/img/{p.name}" for p in (root / "lessons/img").glob("*.png")):
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / name, tmp / name)
+        for name, png in figures.items():  # this run's figures, whether or not the repository's were updated
+            (tmp / name).write_bytes(png)
+        renderer.write("mock-interview", "Mock interview", mock_interview_body(course))
+        renderer.write("index.md", "Serving Lab: the course", home_body(course))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return site
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "site", help="the site folder (replaced whole)")
+    parser.add_argument("--no-execute", dest="execute", action="store_false",
+                        help="render the notebooks as committed (no outputs) instead of executing them")
+    parser.add_argument("--update-figures", action="store_true",
+                        help="write the figures of cells tagged figure:<name> into lessons/img/")
+    args = parser.parse_args(argv)
+    try:
+        import nbclient  # noqa: F401
+        import nbconvert  # noqa: F401
+    except ImportError:
+        print("the site needs nbconvert and nbclient: pip install -e '.[test]' (Jupyter brings both)",
+              file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    try:
+        site = build(args.out, execute=args.execute, update_figures=args.update_figures)
+    except SiteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    pages = len(site.markdown) + len(site.notebooks) + len(site.code) + len(site.folders) + 2
+    print(f"built {pages} pages into {args.out} in {time.perf_counter() - started:.0f} s: "
+          f"open {args.out / 'index.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
