@@ -246,4 +246,9 @@ TOPICS: dict[str, str] = {
     "SIM": "Simulation and cost models",
 }
 
+# Coverage (course_check.check_coverage): every written lesson that has questions is linked by at least this
+# many questions of the bank, and every written lesson with a notebook has at least this many exercises.
+MIN_QUESTIONS_PER_LESSON = 6
+MIN_EXERCISES_PER_NOTEBOOK_LESSON = 2
+
 EXERCISE_KINDS = ("implement", "estimate", "predict-then-run", "debug", "design")
