@@ -42,7 +42,8 @@ Output: `RunMetrics` over the end-to-end requests, with every replica's steps in
 time; `Cluster.simulate` also returns each replica's own metrics.
 
 Lesson: lessons/03-chunked-prefill-and-disaggregation.md#disaggregation (colocated vs xP+yD disaggregated, the KV
-link swept); lessons/04-prefix-caching.md#tenant-isolation (why both copies carry tenant and cache_salt).
+link swept); lessons/04-prefix-caching.md#tenant-isolation (why both copies carry tenant and cache_salt);
+lessons/capstone.md#capacity-planning (replicas behind a router, checked at a planned rate).
 """
 
 from __future__ import annotations

@@ -347,6 +347,25 @@ def check_lessons(course: Course) -> list[str]:
     return problems
 
 
+def check_coverage(course: Course) -> list[str]:
+    """Every written lesson that has questions is linked by at least `course.min_questions` questions (on their
+    **Links.** line, as its generated `questions` block counts them), and every written lesson with a notebook
+    plans at least `course.min_exercises` exercises. A planned lesson is held to neither until it is written."""
+    problems = []
+    for lesson in course.written_lessons:
+        name = course.name(course.lesson_path(lesson.stem))
+        if lesson.has_questions:
+            n = len(course.questions_of(lesson.stem))
+            if n < course.min_questions:
+                problems.append(f"{name}: {n} question(s) link this lesson, fewer than {course.min_questions} (add "
+                                f"questions to lessons/interview-bank.md whose **Links.** line links one of its "
+                                "sections)")
+        if lesson.notebook and len(lesson.exercises) < course.min_exercises:
+            problems.append(f"{name}: {len(lesson.exercises)} exercise(s), fewer than {course.min_exercises} for a "
+                            "lesson with a notebook (add them to course_plan.py, with stub, test and solution)")
+    return problems
+
+
 # ---- exercises ----------------------------------------------------------------------------------------
 
 def raised_exercise_ids(tree: ast.Module) -> set[str]:
@@ -470,7 +489,7 @@ def check_lesson_lines(course: Course) -> list[str]:
 
 
 RULES = (check_links, check_duplicate_ids, check_code_symbols, check_questions, check_glossary, check_lessons,
-         check_exercises, check_lesson_lines)
+         check_coverage, check_exercises, check_lesson_lines)
 
 
 def check_all(course: Course) -> list[str]:

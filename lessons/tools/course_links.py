@@ -159,10 +159,14 @@ class Course:
 
     def __init__(self, root: Path = ROOT, lessons: tuple[PlannedLesson, ...] = course_plan.LESSONS,
                  topics: dict[str, str] | None = None,
-                 code_dirs: tuple[str, ...] = ("ref_engine", "sim", "serving_lab", "lessons/exercises", "benchmarks")) -> None:
+                 code_dirs: tuple[str, ...] = ("ref_engine", "sim", "serving_lab", "lessons/exercises", "benchmarks"),
+                 min_questions: int = course_plan.MIN_QUESTIONS_PER_LESSON,
+                 min_exercises: int = course_plan.MIN_EXERCISES_PER_NOTEBOOK_LESSON) -> None:
         self.root = Path(root).resolve()
         self.plan = lessons
         self.topics = course_plan.TOPICS if topics is None else topics
+        self.min_questions = min_questions  # questions linking each written lesson that has questions
+        self.min_exercises = min_exercises  # exercises of each written lesson that has a notebook
         self.code_dirs = code_dirs
         self.lessons_dir = self.root / "lessons"
         self.notebooks_dir = self.root / "notebooks"

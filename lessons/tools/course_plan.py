@@ -77,10 +77,15 @@ class PlannedLesson:
 
 
 LESSONS: tuple[PlannedLesson, ...] = (
+    # Lesson 0: the-big-picture (LLM serving on one page: request to streamed tokens, the two phases, the KV
+    # cache, the step loop, where each lesson fits, the metrics, what the course leaves out), then the manual.
     PlannedLesson(
-        "00-orientation", "Orientation: how to run the course", minutes=15, notebook=False,
-        has_questions=False,
-        anchors=("quick-start", "modes", "checking-exercises", "links-and-ids", "generated-blocks"),
+        "00-orientation", "Orientation: how to run the course", minutes=20, notebook=False,
+        anchors=("the-big-picture", "quick-start", "modes", "checking-exercises", "links-and-ids",
+                 "generated-blocks", "questions"),
+        terms=("prefill", "decode", "kv-cache", "continuous-batching", "paged-attention", "ttft", "tpot",
+               "goodput", "flash-attention", "flash-decoding", "mla", "sliding-window-attention",
+               "multi-lora", "structured-output", "expert-parallelism"),
     ),
     # Lesson 1 sections: cost-of-a-step (prefill vs decode, memory- vs compute-bound, the step-time knee;
     # the experiment that calibrates the simulator), request-lifecycle (waiting -> running -> finished, num_computed_tokens),
@@ -223,10 +228,14 @@ LESSONS: tuple[PlannedLesson, ...] = (
         ),
     ),
     # The capstone: the-assignment (baseline manifest, workload, SLO; tune, justify, report), the-rubric,
-    # worked-example (the report CI regenerates, its numbers), how-the-report-is-made (serving-lab report).
+    # worked-example (the report CI regenerates, its numbers), how-the-report-is-made (serving-lab report),
+    # capacity-planning (from the tuned configuration's goodput to replicas, GPUs, cost per million tokens,
+    # headroom, routing and autoscaling).
     PlannedLesson("capstone", "Capstone: a before -> after throughput report", minutes=180, notebook=False,
-                  has_questions=False,
-                  anchors=("the-assignment", "the-rubric", "worked-example", "how-the-report-is-made")),
+                  anchors=("the-assignment", "the-rubric", "worked-example", "how-the-report-is-made",
+                           "capacity-planning", "questions"),
+                  terms=("goodput", "cost-per-million-tokens", "data-parallelism", "tensor-parallelism",
+                         "pipeline-parallelism", "cache-aware-routing", "autoscaling", "cold-start")),
 )
 
 # Interview-bank topics (lessons/CONTRIBUTING.md, "Ids, anchors and links"), in the order the bank lists them.
@@ -237,13 +246,22 @@ TOPICS: dict[str, str] = {
     "SYS": "Systems fundamentals",
     "KV": "The KV cache",
     "PAGE": "Paging and blocks",
+    "KERN": "Attention kernels",
     "PREEMPT": "Preemption",
     "PREFIX": "Prefix caching",
     "SPEC": "Speculative decoding",
     "PD": "Prefill/decode disaggregation",
     "FAIR": "Fairness and isolation",
+    "FEAT": "Serving features: adapters and structured output",
+    "PAR": "Parallelism",
     "TUNE": "Tuning",
+    "CAP": "Capacity planning",
     "SIM": "Simulation and cost models",
 }
+
+# Coverage (course_check.check_coverage): every written lesson that has questions is linked by at least this
+# many questions of the bank, and every written lesson with a notebook has at least this many exercises.
+MIN_QUESTIONS_PER_LESSON = 6
+MIN_EXERCISES_PER_NOTEBOOK_LESSON = 2
 
 EXERCISE_KINDS = ("implement", "estimate", "predict-then-run", "debug", "design")

@@ -169,7 +169,8 @@ class MiniCourse:
     notebook = staticmethod(mini_notebook)
 
     def course(self) -> Course:
-        return Course(self.root, lessons=MINI_PLAN, topics=MINI_TOPICS, code_dirs=("pkg", "lessons/exercises"))
+        return Course(self.root, lessons=MINI_PLAN, topics=MINI_TOPICS, code_dirs=("pkg", "lessons/exercises"),
+                      min_questions=1, min_exercises=1)
 
     def path(self, name: str) -> Path:
         return self.root / name

@@ -299,6 +299,37 @@ def test_missing_course_map_block_fails(mini_course):
     assert_fails(cc.check_lessons, mini_course.course(), "no <!-- BEGIN AUTO:course-map --> block")
 
 
+# ---- coverage: questions per lesson, exercises per notebook lesson --------------------------------------
+
+def test_lesson_with_too_few_questions_fails(mini_course):
+    course = mini_course.course()
+    course.min_questions = 2
+    assert_fails(cc.check_coverage, course, "lessons/01-alpha.md: 1 question(s) link this lesson, fewer than 2")
+
+
+def test_question_linking_a_lesson_twice_counts_once(mini_course):
+    mini_course.edit("lessons/interview-bank.md", "lesson [section](01-alpha.md#intro)",
+                     "lesson [section](01-alpha.md#intro), [again](01-alpha.md#you-will-learn)")
+    course = mini_course.course()
+    course.min_questions = 2
+    assert_fails(cc.check_coverage, course, "1 question(s) link this lesson")
+
+
+def test_notebook_lesson_with_too_few_exercises_fails(mini_course):
+    course = mini_course.course()
+    course.min_exercises = 2
+    assert_fails(cc.check_coverage, course, "lessons/01-alpha.md: 1 exercise(s), fewer than 2")
+
+
+def test_coverage_skips_lessons_without_questions_notebook_or_file(mini_course):
+    """00-orientation has no questions and no notebook; 02-beta is planned, not written: none is held to it."""
+    course = mini_course.course()
+    course.min_questions = course.min_exercises = 1
+    assert cc.check_coverage(course) == []
+    course.min_questions = course.min_exercises = 5
+    assert all(p.startswith("lessons/01-alpha.md") for p in cc.check_coverage(course))
+
+
 # ---- exercises ----------------------------------------------------------------------------------------
 
 def test_exercise_without_stub_fails(mini_course):
