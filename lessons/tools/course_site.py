@@ -5,6 +5,7 @@ with their outputs and plots, and every source file the course links, in one fol
     python lessons/tools/course_site.py                    # site/: notebooks executed in fast mode (~10 min)
     python lessons/tools/course_site.py --no-execute       # notebooks shown without outputs (seconds)
     python lessons/tools/course_site.py --update-figures   # also refresh lessons/img/ from the executed notebooks
+    python lessons/tools/course_site.py --figures 05-speculative-decoding   # only that notebook's figures, no site
     python -m http.server -d site                          # then open http://localhost:8000 (or open site/index.html)
 
 Why these tools and not a site generator: the course is GitHub-flavoured Markdown that must read well on
@@ -383,6 +384,19 @@ def build(out: Path, *, execute: bool = True, update_figures: bool = False, root
     return site
 
 
+def update_figures(stems: list[str], root: Path = ROOT, progress=print) -> None:
+    """Execute the named notebooks and rewrite their figures in lessons/img/ (no site is built)."""
+    for stem in stems:
+        path = root / "notebooks" / f"{stem}.ipynb"
+        if not path.is_file():
+            raise SiteError(f"no notebook {path.relative_to(root)}")
+        started = time.perf_counter()
+        figures = figures_of(read_notebook(path, execute=True), stem)
+        for name, png in figures.items():
+            (root / name).write_bytes(png)
+        progress(f"{stem}: {len(figures)} figures in {time.perf_counter() - started:.0f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "site", help="the site folder (replaced whole)")
@@ -390,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="render the notebooks as committed (no outputs) instead of executing them")
     parser.add_argument("--update-figures", action="store_true",
                         help="write the figures of cells tagged figure:<name> into lessons/img/")
+    parser.add_argument("--figures", nargs="+", metavar="STEM",
+                        help="only execute these notebooks and rewrite their figures (no site)")
     args = parser.parse_args(argv)
     try:
         import nbclient  # noqa: F401
@@ -400,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.perf_counter()
     try:
+        if args.figures:
+            update_figures(args.figures)
+            return 0
         site = build(args.out, execute=args.execute, update_figures=args.update_figures)
     except SiteError as exc:
         print(f"error: {exc}", file=sys.stderr)
