@@ -6,7 +6,7 @@ Lesson: lessons/01-continuous-batching.md#continuous-batching
 
 from __future__ import annotations
 
-from serving_lab.demos.common import GPU, DemoContext, DemoReport, gpu_what_if, plot_comparison, side_by_side
+from serving_lab.demos.common import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
 from serving_lab.experiments import static_vs_continuous, throughput_ratios
 
 PRESETS = {  # on the GPU profile, notebook 01's caps (outputs Exp(128), 64-token prompts, max_num_seqs 64)
@@ -28,7 +28,7 @@ def run(context: DemoContext) -> DemoReport:
     labels = ("cap", "scheduling")
     comparison = side_by_side(rows, labels, ("output_throughput", "mean_ttft_ms"))
     figure, (what_if,) = plot_comparison(comparison, labels, "static vs continuous batching, engine and simulator")
-    what_if.plot([r["cap"] for r in gpu], [r["ratio"] for r in gpu], "s--", label="Llama-3.1-8B, H100 (simulated)")
+    what_if.plot([r["cap"] for r in gpu], [r["ratio"] for r in gpu], "s--", label=gpu_name())
     for side, style in (("measured", "o-"), ("simulated", "x:")):
         what_if.plot(p["caps"], [ratios[(cap, side)] for cap in p["caps"]], style, label=f"this machine, {side}")
     what_if.set(xscale="log", xlabel="output-length cap (tokens)", ylabel="continuous / static throughput")
@@ -37,7 +37,7 @@ def run(context: DemoContext) -> DemoReport:
         "continuous / static output throughput: " + "; ".join(
             f"cap {cap}: measured {ratios[(cap, 'measured')]:.2f}x, simulated {ratios[(cap, 'simulated')]:.2f}x"
             for cap in p["caps"]),
-        f"{gpu_what_if()} continuous / static "
+        f"GPU what-if, {gpu_name()}: continuous / static "
         + ", ".join(f"{r['ratio']:.2f}x at cap {r['cap']}" for r in gpu)
         + f" ({p['gpu_requests']} requests, outputs Exp(128), max_num_seqs 64)",
     ])

@@ -88,9 +88,9 @@ def side_by_side(rows: Iterable[dict[str, Any]], labels: Sequence[str], metrics:
             for m, s in pairs(rows) for metric in metrics]
 
 
-def gpu_what_if(sides: Sides = GPU) -> str:
-    """The what-if lines' prefix: which model on which datasheet profile."""
-    return f"GPU what-if, {sides.simulated_arch().name} on {sides.cost_model().hardware.name} (simulated):"
+def gpu_name(sides: Sides = GPU) -> str:
+    """Which model on which datasheet profile, for the what-if's line and plot."""
+    return f"{sides.simulated_arch().name} on {sides.cost_model().hardware.name} (simulated)"
 
 
 def plot_comparison(comparison: list[dict[str, Any]], labels: Sequence[str], title: str, extra_panels: int = 1

@@ -7,7 +7,7 @@ Lesson: lessons/02-paged-attention.md#reservation-waste
 
 from __future__ import annotations
 
-from serving_lab.demos.common import GPU, DemoContext, DemoReport, gpu_what_if, plot_comparison, side_by_side
+from serving_lab.demos.common import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
 from serving_lab.experiments import allocation_modes, kv_cache_sizes, plot_memory
 
 PRESETS = {
@@ -25,7 +25,7 @@ def run(context: DemoContext) -> DemoReport:
     p = context.preset(PRESETS)
     rows = allocation_modes(context.sides(p["repeats"]), **p["alloc"])
     gpu = {r["allocation"]: r for r in allocation_modes(GPU, **GPU_ALLOC)}
-    (fit,) = kv_cache_sizes(["llama-3.1-8b"], hardware="h100-sxm", seq_len=2048)
+    (fit,) = kv_cache_sizes([GPU.arch], hardware=GPU.hardware, seq_len=2048)
     labels = ("allocation",)
     comparison = side_by_side(rows, labels, ("mean_batch", "output_throughput"))
     figure, (memory,) = plot_comparison(comparison, labels, f"one KV pool of {p['alloc']['num_kv_blocks']} blocks, "
@@ -38,10 +38,11 @@ def run(context: DemoContext) -> DemoReport:
     live = ", ".join(f"{r['allocation']} {r['live_fraction']:.0%}" for r in rows if r["side"] == "measured")
     return DemoReport(comparison, labels, figure, notes=[
         f"share of reserved KV slots holding a live token (both sides alike): {live}",
-        f"{gpu_what_if()} paged / contiguous throughput "
+        f"GPU what-if, {gpu_name()}: paged / contiguous throughput "
         f"{gpu['paged']['output_throughput'] / gpu['contiguous']['output_throughput']:.2f}x, mean batch "
         f"{gpu['paged']['mean_batch']:.1f} vs {gpu['contiguous']['mean_batch']:.1f} in the same "
-        f"{GPU_ALLOC['num_kv_blocks']}-block pool ({GPU_ALLOC['num_requests']} requests, prompts 200-400, outputs 16-256)",
-        f"  one H100 holds {fit['seqs_that_fit']} 2048-token sequences of Llama-3.1-8B in bf16 "
-        f"({fit['kv_mib_per_seq']:.0f} MiB of KV each)",
+        f"{GPU_ALLOC['num_kv_blocks']}-block pool ({GPU_ALLOC['num_requests']} requests, prompts "
+        f"{'-'.join(map(str, GPU_ALLOC['prompt_len']))}, outputs {'-'.join(map(str, GPU_ALLOC['output_len']))})",
+        f"  the KV room of {fit['where']}: {fit['seqs_that_fit']} 2048-token sequences of {fit['model']} in "
+        f"{fit['dtype']} ({fit['kv_mib_per_seq']:.0f} MiB of KV each)",
     ])

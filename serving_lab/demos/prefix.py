@@ -7,7 +7,7 @@ Lesson: lessons/04-prefix-caching.md#ttft-and-throughput
 
 from __future__ import annotations
 
-from serving_lab.demos.common import GPU, DemoContext, DemoReport, gpu_what_if, plot_comparison, side_by_side
+from serving_lab.demos.common import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
 from serving_lab.experiments import shared_prefix_ttft
 
 PRESETS = {
@@ -29,12 +29,12 @@ def run(context: DemoContext) -> DemoReport:
     for caching in (False, True):
         what_if.plot(GPU_PREFIX_LENS, [gpu[(n, caching)]["mean_ttft_ms"] for n in GPU_PREFIX_LENS], "o-",
                      label=f"caching {'on' if caching else 'off'}")
-    what_if.set(xlabel="shared prefix (tokens)", ylabel="mean TTFT (ms)", title="Llama-3.1-8B, H100 (simulated)")
+    what_if.set(xlabel="shared prefix (tokens)", ylabel="mean TTFT (ms)", title=gpu_name())
     what_if.legend(fontsize=7)
     longest = GPU_PREFIX_LENS[-1]
     cold, warm = gpu[(longest, False)], gpu[(longest, True)]
     return DemoReport(comparison, labels, figure, notes=[
-        f"{gpu_what_if()} a warm {longest}-token prefix cuts mean TTFT {cold['mean_ttft_ms']:.0f} -> "
+        f"GPU what-if, {gpu_name()}: a warm {longest}-token prefix cuts mean TTFT {cold['mean_ttft_ms']:.0f} -> "
         f"{warm['mean_ttft_ms']:.0f} ms and raises output throughput "
         f"{warm['output_throughput'] / cold['output_throughput']:.2f}x "
         f"({GPU_TTFT['requests_per_group']} requests, {GPU_TTFT['suffix_len']}-token questions)",

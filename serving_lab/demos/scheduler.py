@@ -8,7 +8,7 @@ Lesson: lessons/03-chunked-prefill-and-disaggregation.md#the-stall
 
 from __future__ import annotations
 
-from serving_lab.demos.common import GPU, DemoContext, DemoReport, gpu_what_if, plot_comparison, side_by_side
+from serving_lab.demos.common import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
 from serving_lab.experiments import prefill_stall
 
 PRESETS = {
@@ -33,11 +33,11 @@ def run(context: DemoContext) -> DemoReport:
     what_if.bar([i - 0.2 for i in x], [r["decode_max_itl_ms"] for r in gpu], 0.4, label="decodes' longest gap")
     what_if.bar([i + 0.2 for i in x], [r["long_ttft_ms"] for r in gpu], 0.4, label="long prompt's TTFT")
     what_if.set_xticks(list(x), [str(r["budget"]) for r in gpu])
-    what_if.set(xlabel="token budget", ylabel="ms", title="Llama-3.1-8B, H100 (simulated)")
+    what_if.set(xlabel="token budget", ylabel="ms", title=gpu_name())
     what_if.legend(fontsize=7)
     return DemoReport(comparison, labels, figure, notes=[
         "decode_max_itl_ms: the longest gap a running decode saw (the stall); long_ttft_ms: the long prompt's TTFT",
-        f"{gpu_what_if()} " + "; ".join(
+        f"GPU what-if, {gpu_name()}: " + "; ".join(
             f"budget {r['budget']}: stall {r['decode_max_itl_ms']:.0f} ms, TTFT {r['long_ttft_ms']:.0f} ms"
             for r in gpu) + f" ({GPU_STALL['num_decodes']} decodes, a {GPU_STALL['long_prompt_len']}-token prompt)",
     ])

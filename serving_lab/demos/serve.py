@@ -12,8 +12,7 @@ from __future__ import annotations
 from statistics import fmean
 
 from ref_engine.core.config import EngineConfig
-from ref_engine.core.metrics import relative_error
-from serving_lab.demos.common import GPU, DemoContext, DemoReport, gpu_what_if, plot_comparison
+from serving_lab.demos.common import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
 from serving_lab.experiments import (
     Sides,
     TracedServer,
@@ -38,20 +37,24 @@ def run(context: DemoContext) -> DemoReport:
         one = trace_request(server, p["prompt_len"], p["output_len"], "demo-one")
         burst = traced_load(server, p["burst"], p["burst_prompt_len"], p["output_len"], prefix="demo-burst")
     sides = Sides(arch=context.model.arch, hardware=context.profile, measure=False)
+    # (measured, simulated) rows as the other experiments make them: the request alone on both clocks ...
+    prediction = simulated_request(one, sides, config)
     slowdown = request_slowdown(one, sides)
-    comparison = [{"requests": "one alone", "clock": clock, "metric": r["metric"], "measured": r[measured],
-                   "simulated": r["simulated"], "simulated_err_pct": relative_error(r["simulated"], r[measured]),
-                   "slowdown": slowdown}
-                  for r in simulated_request(one, sides, config)
-                  for clock, measured in (("engine core", "engine_core"), ("client", "client"))]
+    alone = []
+    for clock, column in (("engine core", "engine_core"), ("client", "client")):
+        alone_on = {"requests": "one alone", "clock": clock}
+        alone += [{**alone_on, "side": "measured", "slowdown": slowdown, **{r["metric"]: r[column] for r in prediction}},
+                  {**alone_on, "side": "simulated", **{r["metric"]: r["simulated"] for r in prediction}}]
+    # ... and the burst's means on the core's clock
     queued = load_rows(burst, sides, config)
-    for metric, simulated in (("queue_ms", "sim_queue_ms"), ("ttft_ms", "sim_ttft_ms")):
-        measured_mean, simulated_mean = fmean(r[metric] for r in queued), fmean(r[simulated] for r in queued)
-        comparison.append({"requests": f"burst of {p['burst']}, mean", "clock": "engine core",
-                           "metric": metric, "measured": measured_mean, "simulated": simulated_mean,
-                           "simulated_err_pct": relative_error(simulated_mean, measured_mean)})
-    labels = ("requests", "clock")
-    figure, (queue,) = plot_comparison(comparison, labels, f"serving-lab serve, max_num_seqs={p['max_num_seqs']}: one "
+    means = {"requests": f"burst of {p['burst']}, mean", "clock": "engine core"}
+    burst_means = [{**means, "side": side, **{metric: fmean(r[f"{prefix}{metric}"] for r in queued)
+                                              for metric in ("queue_ms", "ttft_ms")}}
+                   for side, prefix in (("measured", ""), ("simulated", "sim_"))]
+    columns = ("requests", "clock")
+    comparison = (side_by_side(alone, columns, ("ttft_ms", "itl_ms"))
+                  + side_by_side(burst_means, columns, ("queue_ms", "ttft_ms")))
+    figure, (queue,) = plot_comparison(comparison, columns, f"serving-lab serve, max_num_seqs={p['max_num_seqs']}: one "
                                        f"request alone ({p['prompt_len']} tokens in, {p['output_len']} out), then a "
                                        f"burst of {p['burst']} ({p['burst_prompt_len']} in): measured vs simulated")
     queue.plot([r["queue_ms"] for r in queued], "s-", label="measured")
@@ -60,6 +63,6 @@ def run(context: DemoContext) -> DemoReport:
               ylabel="queue time (ms)")
     queue.legend(fontsize=7)
     gpu = {r["metric"]: r["simulated"] for r in simulated_request(one, GPU, config)}
-    return DemoReport(comparison, labels, figure, notes=[
-        f"{gpu_what_if()} the same request alone: TTFT {gpu['ttft_ms']:.1f} ms, ITL {gpu['itl_ms']:.1f} ms",
+    return DemoReport(comparison, columns, figure, notes=[
+        f"GPU what-if, {gpu_name()}: the same request alone: TTFT {gpu['ttft_ms']:.1f} ms, ITL {gpu['itl_ms']:.1f} ms",
     ])

@@ -9,7 +9,7 @@ Lesson: lessons/05-speculative-decoding.md#acceptance-and-speedup
 from __future__ import annotations
 
 from ref_engine.core.config import EngineConfig
-from serving_lab.demos.common import GPU, DemoContext, DemoReport, gpu_what_if, plot_comparison, side_by_side
+from serving_lab.demos.common import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
 from serving_lab.experiments import grounded_prompts, speculation, speculation_batch_sweep, speedups
 
 PRESETS = {"full": dict(output_len=48, repeats=2, gpu_batches=(1, 8, 64, 256)),
@@ -31,10 +31,10 @@ def run(context: DemoContext) -> DemoReport:
     what_if.plot([r["batch"] for r in gpu], [r["speedup"] for r in gpu], "o-")
     what_if.axhline(1, color="grey", lw=0.8)
     what_if.set(xscale="log", xlabel="batch size", ylabel="speed-up",
-                title=f"Llama-3.1-8B, H100 (simulated), acceptance {GPU_ACCEPTANCE}")
+                title=f"{gpu_name()}, acceptance {GPU_ACCEPTANCE}")
     return DemoReport(comparison, labels, figure, notes=[
         f"speed-up of ngram over off: measured {speedup[('ngram', 'measured')]:.2f}x, "
         f"simulated {speedup[('ngram', 'simulated')]:.2f}x",
-        f"{gpu_what_if()} at acceptance {GPU_ACCEPTANCE}, speed-up "
+        f"GPU what-if, {gpu_name()}: at acceptance {GPU_ACCEPTANCE}, speed-up "
         + ", ".join(f"{r['speedup']:.2f}x at batch {r['batch']}" for r in gpu),
     ])

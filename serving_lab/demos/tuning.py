@@ -7,7 +7,7 @@ Lesson: lessons/07-tuning-knobs.md#trusting-the-sweep
 
 from __future__ import annotations
 
-from serving_lab.demos.common import GPU, DemoContext, DemoReport, gpu_what_if, plot_comparison, side_by_side
+from serving_lab.demos.common import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
 from serving_lab.experiments import tuning
 from serving_lab.sweep import SLO
 
@@ -37,13 +37,13 @@ def run(context: DemoContext) -> DemoReport:
         what_if.scatter([r["p99_itl_ms"] for r in points], [r["output_throughput"] for r in points], s=14,
                         label="Pareto front" if on_front else "dominated", **style)
     what_if.set(xscale="log", xlabel="p99 ITL (ms)", ylabel="output tokens/s",
-                title=f"Llama-3.1-8B, H100 (simulated): {len(gpu.simulated())} points")
+                title=f"{gpu_name()}: {len(gpu.simulated())} points")
     what_if.legend(fontsize=7)
     rho = result.agreement["rho"]
     return DemoReport(comparison, labels, figure, notes=[
         f"rank agreement (Spearman's rho of output throughput, simulated vs measured): {rho:.2f} "
         f"over {len(result.measured())} points",
-        f"{gpu_what_if()} {p['gpu_workload']}, {len(gpu.simulated())} points; best goodput per SLO: " + "; ".join(
+        f"GPU what-if, {gpu_name()}: {p['gpu_workload']}, {len(gpu.simulated())} points; best goodput per SLO: " + "; ".join(
             f"{pick['slo']} (TTFT {pick['ttft_ms']:g} ms, TPOT {pick['tpot_ms']:g} ms): {pick['best point']}, "
             f"{pick['goodput']:.2f} req/s" for pick in tuning.slo_picks(gpu, SLOS)),
     ])
