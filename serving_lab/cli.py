@@ -82,9 +82,20 @@ def _calibrate(args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from serving_lab.demo import main as demo_main
+    from serving_lab.demos import DEMOS, demo_list
 
-    demo_main(out_dir=args.out, model=args.model)
+    if args.list:
+        print(demo_list())
+    elif args.lesson is None:
+        if args.fast or args.hardware:
+            raise ValueError("--fast and --hardware go with a lesson's demo (serving-lab demo --list names them)")
+        from serving_lab.demo import main as demo_main
+
+        demo_main(out_dir=args.out or "reports/demo", model=args.model)
+    else:
+        from serving_lab.demos.common import DemoContext, run_demo
+
+        run_demo(DEMOS[args.lesson], DemoContext(fast=args.fast, model_path=args.model, hardware=args.hardware), args.out)
 
 
 # `serve`'s own flags that also override a manifest key (ref_engine/entrypoints/openai/cli_args.py): they
@@ -233,9 +244,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.set_defaults(func=_calibrate)
 
-    p = sub.add_parser("demo", help="the course demo: engine and simulator side by side, with a report")
+    from serving_lab.demos import DEMOS
+
+    p = sub.add_parser("demo", help="the course demo, or one lesson's: engine and simulator side by side")
+    p.add_argument("lesson", nargs="?", choices=list(DEMOS), metavar="LESSON",
+                   help=f"one lesson's demo: {', '.join(DEMOS)} (--list says what each shows; none: the overview)")
+    p.add_argument("--list", action="store_true", help="list the lessons' demos")
+    p.add_argument("--fast", action="store_true", help="tiny sizes, seconds: a smoke test, not a measurement")
     p.add_argument("--model", default=None)
-    p.add_argument("--out", default="reports/demo", help="folder for the report")
+    p.add_argument("--hardware", default=None,
+                   help="the simulator's profile of this machine (default: its calibration, measured once)")
+    p.add_argument("--out", default=None,
+                   help="folder for the report and plot (default: reports/demo, a lesson's reports/demo/LESSON)")
     p.set_defaults(func=_demo)
 
     p = sub.add_parser("manifest", help="translate a deployment manifest (e.g. serving_lab/manifests/smollm2.yaml)")
