@@ -160,8 +160,9 @@ class KVCacheManager:
             return
         hashes = self.block_hashes(request)
         table = self.block_tables[request.request_id]
+        pool = self.block_pool
         for i in range(start, num_full):
-            self.block_pool.cache_block(table[i], hashes[i], self._block_tokens(request, i))
+            pool.cache_block(table[i], hashes[i], self._block_tokens(request, i))
         self._num_registered[request.request_id] = num_full
 
     def _block_tokens(self, request: Request, i: int) -> tuple[int, ...]:
