@@ -84,7 +84,6 @@ from typing import Literal
 
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.kv_sizing import num_kv_blocks
-from ref_engine.core.math_utils import cdiv
 from ref_engine.model.arch_config import ArchConfig
 from sim.hardware import HardwareProfile, dtype_bytes
 
@@ -289,13 +288,12 @@ class CostModel:
     def _batch_sums(self, shape: BatchShape) -> tuple[int, int, int, int]:
         """One pass over the batch: tokens, attention (query, key) pairs, context read, blocks touched."""
         bs = self.block_size
-        tokens = pairs2 = ctx_read = blocks = 0
+        tokens = sum(shape.query_lens)
+        ctx_read = sum(shape.context_lens) + tokens  # every row reads its context and its new tokens
+        pairs2 = blocks = 0
         for q, c in zip(shape.query_lens, shape.context_lens, strict=True):
-            seen = c + q
-            tokens += q
-            pairs2 += q * (c + seen + 1)  # 2 * q * (c + (q + 1) / 2), an exact integer
-            ctx_read += seen
-            blocks += cdiv(seen, bs)
+            pairs2 += q * (2 * c + q + 1)  # 2 * q * (c + (q + 1) / 2), an exact integer
+            blocks += (c + q + bs - 1) // bs  # cdiv(c + q, bs), inlined: this runs per request per step
         if shape.num_blocks_touched is not None:
             blocks = shape.num_blocks_touched
         return tokens, pairs2 // 2, ctx_read, blocks

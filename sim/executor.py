@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # for annotations only: sim.spec_decode imports this module
 
 # The token a simulated step "samples". Requests ignore EOS and have no stop tokens, so its value is moot.
 DUMMY_TOKEN_ID = 0
+DUMMY_SAMPLE = [DUMMY_TOKEN_ID]  # what every row that needs logits samples in a step without speculation
 
 
 def feed_arrivals(env: simpy.Environment, requests: Iterable[Request], deliver: Callable[[Request], object],
@@ -107,7 +108,7 @@ class CostModelTimer:
     def step_time(self, output: SchedulerOutput) -> float:
         query_lens, context_lens = output.batch_shape
         # Only rows that sample pay for the lm_head (as in the real runner): a mid-prompt chunk needs none.
-        num_logit_rows = sum(1 for s in output.scheduled if s.needs_logits)
+        num_logit_rows = len([s for s in output.scheduled if s.needs_logits])
         return self.cost_model.step_time(BatchShape(query_lens, context_lens, num_logit_rows=num_logit_rows))
 
 
@@ -189,8 +190,9 @@ class SimulatedExecutor:
             yield env.timeout(duration)
             if self.proposer is not None:
                 result = self.proposer.verify(output)
-            else:
-                result = StepResult({s.request_id: [DUMMY_TOKEN_ID] for s in output.scheduled if s.needs_logits})
+            else:  # one list shared by every row (the scheduler only reads it), not a new list per row
+                result = StepResult(dict.fromkeys([s.request_id for s in output.scheduled if s.needs_logits],
+                                                  DUMMY_SAMPLE))
             finished = scheduler.update_from_output(output, result, now=env.now)
             if self.proposer is not None:
                 self.proposer.propose(scheduler)

@@ -17,6 +17,7 @@ Lesson: lessons/04-prefix-caching.md (content-hashed blocks and the hash chain).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from array import array
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 BlockHash = bytes
 
 
+@functools.lru_cache(maxsize=1024)  # asked each time a request's chain grows; a run has few distinct keys
 def isolation_key(model_id: str, tenant: str | None, cache_salt: str | None) -> bytes:
     """The extra keys every block hash of a request includes: model, tenant and cache salt.
 

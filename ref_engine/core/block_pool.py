@@ -109,7 +109,8 @@ class BlockPool:
         self.cached[block_hash] = b
         self.block_hash[b] = block_hash
         self.block_tokens[b] = token_ids
-        self.evicted.discard(block_hash)
+        if self.remember_evictions:
+            self.evicted.discard(block_hash)
 
     def _uncache(self, b: int) -> None:
         block_hash = self.block_hash[b]

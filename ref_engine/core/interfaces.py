@@ -21,7 +21,8 @@ class ScheduledRequest:
     request_id: str
     token_ids: list[int]
     num_computed_tokens: int  # tokens whose K/V is already cached (the position of token_ids[0])
-    block_ids: list[int]  # the request's whole block table after this step's allocation
+    block_ids: list[int]  # the request's whole block table after this step's allocation (the KV cache
+    # manager's own list, which it replaces rather than changes as the table grows: read only)
     needs_logits: bool  # this chunk reaches the last known token, so the step samples a new one
     num_draft_tokens: int = 0  # the last this many of token_ids are draft tokens to verify (lesson 5)
 
@@ -64,8 +65,8 @@ class SchedulerOutput:
     @cached_property
     def batch_shape(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(query lengths, cached context lengths) per request: all a cost model needs to price a step."""
-        return (tuple(len(s.token_ids) for s in self.scheduled),
-                tuple(s.num_computed_tokens for s in self.scheduled))
+        return (tuple([len(s.token_ids) for s in self.scheduled]),  # a list comprehension: faster than a
+                tuple([s.num_computed_tokens for s in self.scheduled]))  # generator, and this runs every step
 
 
 @dataclass(frozen=True)

@@ -160,8 +160,9 @@ class KVCacheManager:
             return
         hashes = self.block_hashes(request)
         table = self.block_tables[request.request_id]
+        pool = self.block_pool
         for i in range(start, num_full):
-            self.block_pool.cache_block(table[i], hashes[i], self._block_tokens(request, i))
+            pool.cache_block(table[i], hashes[i], self._block_tokens(request, i))
         self._num_registered[request.request_id] = num_full
 
     def _block_tokens(self, request: Request, i: int) -> tuple[int, ...]:
@@ -220,29 +221,28 @@ class KVCacheManager:
         """
         table = self.block_tables.get(request.request_id)
         num_tokens = request.num_computed_tokens + prefix.num_tokens + num_new_tokens
-        if not prefix.blocks:  # the hot path: a running request (in a decode step, its last block has room)
-            missing = cdiv(self.tokens_to_hold(request, num_tokens), self.block_size) - (
-                len(table) if table is not None else 0)
-            if missing <= 0:
-                return []
-            shared = prefix.blocks
-        else:
-            shared = prefix.blocks[:-1] if prefix.needs_copy(self.block_size) else prefix.blocks
-            held = (len(table) if table is not None else 0) + len(shared)
-            missing = cdiv(self.tokens_to_hold(request, num_tokens), self.block_size) - held
+        if table is not None and num_tokens <= len(table) * self.block_size and not prefix.blocks:
+            # The table already covers these tokens: every decode step but one in block_size. (A reserving
+            # mode's table covers its reservation from the start, so the formula below gives 0 here too.)
+            return []
+        shared = prefix.blocks[:-1] if prefix.needs_copy(self.block_size) else prefix.blocks
+        held = (len(table) if table is not None else 0) + len(shared)
+        missing = max(cdiv(self.tokens_to_hold(request, num_tokens), self.block_size) - held, 0)
         pool = self.block_pool
         reclaimed = sum(1 for b in shared if pool.ref_cnt[b] == 0)  # hits that sit in the free queue
-        if max(missing, 0) + reclaimed > pool.num_free_blocks:
+        if missing + reclaimed > pool.num_free_blocks:
             return None
         if table is None and self.explain_misses:  # an admission: explain before this allocation evicts
             self._explanations[request.request_id] = self._explain(request, prefix)
         pool.touch(shared)  # before allocating, so the hits cannot be evicted by it
-        new_blocks = pool.get_new_blocks(max(missing, 0))
+        new_blocks = pool.get_new_blocks(missing)
         if table is None:
             self.block_tables[request.request_id] = shared + new_blocks
             self._num_registered[request.request_id] = len(shared)
-        else:
-            table.extend(new_blocks)
+        elif new_blocks:
+            # A new list, not an in-place extend: steps already scheduled hand out the old one (see
+            # `get_block_ids`), so a table is copied once per block added rather than once per step.
+            self.block_tables[request.request_id] = table + new_blocks
         if len(shared) < len(prefix.blocks):
             # Executors copy before any block is written, so the source may even be reallocated this step.
             self.pending_copies.append((prefix.blocks[-1], new_blocks[0]))
@@ -261,6 +261,8 @@ class KVCacheManager:
         self._num_registered.pop(request_id, None)
 
     def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table as of now. Read only: the manager replaces a table when it grows and
+        never changes one in place, so a step's `ScheduledRequest` can hold it without a copy."""
         return self.block_tables.get(request_id, [])
 
     # ---- swapping (preemption_mode="swap") ----

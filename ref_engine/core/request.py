@@ -118,16 +118,20 @@ class Request:
             return self.output_token_ids[start - n_prompt: stop - n_prompt]
         return self.prompt_token_ids[start:] + self.output_token_ids[: stop - n_prompt]
 
-    def append_output_token(self, token_id: int, now: float) -> None:
-        """Record a generated token and set a finished status if it ends the request."""
-        self.output_token_ids.append(token_id)
+    def append_output_token(self, token_id: int, now: float) -> bool:
+        """Record a generated token; if it ends the request, set the finished status and return True."""
+        output = self.output_token_ids
+        output.append(token_id)
         self.token_times.append(now)
         if self.first_token_time is None:
             self.first_token_time = now
-        n_out = len(self.output_token_ids)
+        n_out = len(output)
         if n_out >= self.min_tokens and (
             token_id in self.stop_token_ids or (not self.ignore_eos and token_id in self.eos_token_ids)
         ):
             self.status = RequestStatus.FINISHED_STOPPED
-        elif n_out >= self.max_tokens:
+            return True
+        if n_out >= self.max_tokens:
             self.status = RequestStatus.FINISHED_LENGTH
+            return True
+        return False

@@ -60,6 +60,10 @@ from ref_engine.core.request import Request, RequestStatus
 from ref_engine.core.request_queue import FCFSRequestQueue, RequestQueue
 from ref_engine.core.scheduler_registry import SCHEDULERS, SCHEDULING_POLICIES, register_scheduler
 
+# The status the per-request loop of `update_from_output` tests, as a plain global: on Python 3.11, reading
+# a member off the enum class (RequestStatus.RUNNING) goes through EnumType's attribute hook, ~10x slower.
+_RUNNING = RequestStatus.RUNNING
+
 
 @dataclass
 class StepPlan:
@@ -252,7 +256,9 @@ class Scheduler:
             request = running[i]
             remaining = request.num_tokens - request.num_computed_tokens
             if remaining == 1:  # a decode row: the last known token, and the drafts after it
-                n = min(1 + len(request.spec_token_ids), budget) if decode_rows else 0
+                n = 1 + len(request.spec_token_ids) if decode_rows else 0
+                if n > budget:  # not min(): on Python 3.11 that builtin costs more than this whole branch
+                    n = budget
             else:
                 n = min(remaining, threshold, prefill_budget, budget)
             if not n:
@@ -352,27 +358,30 @@ class Scheduler:
     def update_from_output(self, output: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
         """Advance every scheduled request by its tokens, append sampled tokens, retire finished ones."""
         finished = []
+        requests, sampled = self.requests, result.sampled_token_ids
         kv = self.kv_cache_manager
-        block_size = self.config.block_size
+        caching, block_size = kv.enable_caching, self.config.block_size
         for scheduled in output.scheduled:
-            request = self.requests.get(scheduled.request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
+            request = requests.get(scheduled.request_id)
+            if request is None or request.status is not _RUNNING:
                 continue  # finished or aborted while the step ran
             computed_before = request.num_computed_tokens
-            request.num_computed_tokens += len(scheduled.token_ids)
+            num_computed = computed_before + len(scheduled.token_ids)
             if request.spec_token_ids:
                 request.spec_token_ids = []  # this step used them; the proposer drafts afresh for the next
+            is_done = False
             if scheduled.needs_logits:
-                token_ids = result.sampled_token_ids[scheduled.request_id]
+                token_ids = sampled[scheduled.request_id]
                 # Roll back over the rejected drafts: only the accepted ones' K/V follows the right tokens.
-                request.num_computed_tokens -= scheduled.num_draft_tokens + 1 - len(token_ids)
+                num_computed -= scheduled.num_draft_tokens + 1 - len(token_ids)
                 for token_id in token_ids:
-                    request.append_output_token(token_id, now)
-                    if request.status.is_finished:
+                    if request.append_output_token(token_id, now):
+                        is_done = True
                         break
-            if kv.enable_caching and request.num_computed_tokens // block_size > computed_before // block_size:
+            request.num_computed_tokens = num_computed
+            if caching and num_computed // block_size > computed_before // block_size:
                 kv.cache_full_blocks(request)  # this step completed a block: register it for later requests
-            if request.status.is_finished:
+            if is_done:
                 self.running.remove(request)
                 self._release(request, now)
                 finished.append(request)
@@ -416,24 +425,23 @@ class Scheduler:
 
     def _make_output(self, plan: StepPlan, proposed: dict[str, int]) -> SchedulerOutput:
         kv = self.kv_cache_manager
+        block_tables = kv.block_tables  # read directly: `get_block_ids` would add a call per request
         scheduled = []
+        num_scheduled_tokens = 0
         for request, n in plan.scheduled:
             start = request.num_computed_tokens
-            stop = start + n
-            num_tokens = request.num_tokens
-            num_drafts = max(0, stop - num_tokens)  # what reaches past the known tokens
-            token_ids = request.token_ids(start, stop - num_drafts)
-            if num_drafts:
-                token_ids += request.spec_token_ids[:num_drafts]
-            scheduled.append(ScheduledRequest(
-                request_id=request.request_id,
-                token_ids=token_ids,
-                num_computed_tokens=start,
-                block_ids=list(kv.get_block_ids(request.request_id)),
-                needs_logits=stop >= num_tokens,
-                num_draft_tokens=num_drafts,
-            ))
-        live = sum(r.num_computed_tokens for r in self.running) + sum(n for _, n in plan.scheduled)
+            num_known = request.num_tokens - start  # known tokens not computed yet
+            if n < num_known:  # a prefill chunk that stops short of the last known token: no logits
+                token_ids, num_drafts = request.token_ids(start, start + n), 0
+            else:  # the rest of the known tokens, then `num_drafts` draft tokens
+                token_ids, num_drafts = request.token_ids(start, start + num_known), n - num_known
+                if num_drafts:
+                    token_ids += request.spec_token_ids[:num_drafts]
+            # positional: a call with keywords costs more, and this runs once per request per step
+            scheduled.append(ScheduledRequest(request.request_id, token_ids, start,
+                                              block_tables[request.request_id], n >= num_known, num_drafts))
+            num_scheduled_tokens += n
+        live = sum([r.num_computed_tokens for r in self.running]) + num_scheduled_tokens
         return SchedulerOutput(
             step_id=self.num_steps, scheduled=scheduled, preempted_request_ids=plan.preempted,
             swap_out=plan.swap_out, swap_in=plan.swap_in, copy_blocks=kv.take_copies(), kv_usage=kv.usage,

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ref_engine.core import EngineConfig, Request, RequestStatus, StepResult, make_scheduler
+from ref_engine.core.kv_cache_manager import NO_PREFIX
 from ref_engine.core.math_utils import cdiv
 
 TERMINAL = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
@@ -283,3 +284,66 @@ def test_prefill_budgets_bound_every_step_and_every_request_finishes(scenario, d
     assert sched.kv_cache_manager.block_pool.num_free_blocks == num_blocks
     if config.scheduling_policy == "fair":  # the per-tenant counts the policy keeps came back to zero
         assert not any(sched.num_running_by_tenant.values()) and not any(sched.num_unfinished_by_tenant.values())
+
+
+def blocks_missing(kv, request: Request, num_new_tokens: int, prefix) -> int:
+    """The general formula of `KVCacheManager.allocate_slots`: blocks the request's table lacks once it holds
+    its computed tokens, the prefix hits and `num_new_tokens` more (reserving modes hold more)."""
+    shared = prefix.blocks[:-1] if prefix.needs_copy(kv.block_size) else prefix.blocks
+    held = len(kv.block_tables.get(request.request_id, [])) + len(shared)
+    num_tokens = request.num_computed_tokens + prefix.num_tokens + num_new_tokens
+    return max(cdiv(kv.tokens_to_hold(request, num_tokens), kv.block_size) - held, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenarios(), st.integers(0, 3))
+def test_allocate_slots_takes_what_the_general_formula_says(scenario, num_drafts):
+    """`allocate_slots` answers most calls (a decode step whose last block has room) with an O(1) check that
+    the table already covers the tokens; under every allocation mode, preemption mode, prefix caching and
+    draft count, each call takes exactly the blocks the general formula says are missing (or refuses,
+    taking none, when the pool lacks them), and never changes a table it hands out."""
+    config, num_blocks, specs, _, seed = scenario
+    if config.scheduling == "continuous" and num_drafts:
+        config = config.replace(speculative_method="ngram", num_speculative_tokens=num_drafts,
+                                speculative_disable_by_batch_size=None)
+    rng = random.Random(seed)
+    sched = make_scheduler(config, num_blocks)
+    kv = sched.kv_cache_manager
+    allocate_slots = kv.allocate_slots
+    handed_out: list[tuple[list[int], list[int]]] = []  # (a table as handed out, a copy of it then)
+
+    def checked_allocate_slots(request, num_new_tokens, prefix=NO_PREFIX):
+        missing = blocks_missing(kv, request, num_new_tokens, prefix)
+        free = kv.block_pool.num_free_blocks
+        new_blocks = allocate_slots(request, num_new_tokens, prefix)
+        if new_blocks is None:
+            reclaimed = sum(1 for b in prefix.blocks if kv.block_pool.ref_cnt[b] == 0)
+            assert missing + reclaimed > free and kv.block_pool.num_free_blocks == free
+        else:
+            assert len(new_blocks) == missing, (request.request_id, num_new_tokens, missing, new_blocks)
+        return new_blocks
+
+    kv.allocate_slots = checked_allocate_slots
+    for i, (prompt_len, max_tokens, *_) in enumerate(specs):
+        try:
+            sched.add_request(Request(str(i), [rng.randrange(1, 50) for _ in range(prompt_len)], max_tokens,
+                                      ignore_eos=True))
+        except ValueError:
+            pass
+    for step in range(3000):
+        for req, most in sched.requests_to_speculate():
+            req.spec_token_ids = [rng.randrange(1, 50) for _ in range(rng.randint(0, most))]
+        out = sched.schedule(now=float(step))
+        for s in out.scheduled:
+            handed_out.append((s.block_ids, list(s.block_ids)))
+        sampled = {}
+        for s in out.scheduled:  # accept a random run of the drafts, then a token of the target's own
+            if s.needs_logits:
+                drafts = s.token_ids[len(s.token_ids) - s.num_draft_tokens:]
+                sampled[s.request_id] = drafts[:rng.randint(0, len(drafts))] + [rng.randrange(50, 60)]
+        sched.update_from_output(out, StepResult(sampled), now=float(step) + 0.5)
+        if not sched.has_unfinished_requests():
+            break
+    else:
+        raise AssertionError("the scheduler did not drain its requests in 3000 steps (livelock)")
+    assert all(table == copy for table, copy in handed_out), "a block table changed after a step handed it out"
