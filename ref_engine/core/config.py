@@ -59,8 +59,8 @@ class EngineConfig:
     """
 
     block_size: int = 16
-    max_num_seqs: int = 64  # vLLM: 256 on GPUs
-    max_num_batched_tokens: int = 512  # the per-step token budget; vLLM: 8192 with chunked prefill
+    max_num_seqs: int = 64  # vLLM v0.33.0: 256 or 1024 by GPU and usage context (lesson 1, token-budget)
+    max_num_batched_tokens: int = 512  # the per-step token budget; vLLM v0.33.0: 2048-16384, likewise
     max_model_len: int | None = None  # None: the model's max_position_embeddings (vLLM's default)
     gpu_memory_utilization: float = 0.9  # share of the device memory for weights, activations and KV pool
     kv_cache_memory: int | None = None  # bytes for the KV pool; overrides gpu_memory_utilization
