@@ -29,10 +29,8 @@ import json
 import math
 import os
 import platform
-import shutil
 import statistics
 import sys
-import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -40,6 +38,7 @@ from typing import Any
 
 from ref_engine.core.metrics import RunMetrics, relative_error
 from serving_lab.calibrate import fastest_runs, load_or_calibrate
+from serving_lab.folders import replaced_whole
 from serving_lab.manifest import Manifest, load_manifest
 from serving_lab.workload_spec import parse_workload
 from sim.hardware import HardwareProfile
@@ -195,12 +194,7 @@ def write_report(report: Report, out: str | Path, *, force: bool = False) -> Pat
         raise FileExistsError(f"{out}: exists; choose another --out or give --force to replace it")
     results = report.results
     validate(results)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp's folder is private; the report is an ordinary folder
-    try:
+    with replaced_whole(out) as tmp:
         (tmp / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
         images = plot(report.sides, tmp)
         markdown = render_markdown(results, images)
@@ -208,12 +202,6 @@ def write_report(report: Report, out: str | Path, *, force: bool = False) -> Pat
         embedded = {name: "data:image/png;base64," + base64.b64encode((tmp / name).read_bytes()).decode()
                     for name in images}
         (tmp / "report.html").write_text(render_html(markdown, embedded), encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -31,7 +31,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,8 @@ from urllib.parse import unquote
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from course_links import ROOT, Course  # noqa: E402
+
+from serving_lab.folders import replaced_whole  # noqa: E402
 
 TEMPLATES = Path(__file__).resolve().parent / "site"
 FIGURE_TAG = "figure:"
@@ -92,8 +93,8 @@ def rewrite_links(html: str, page: str, root: Path = ROOT) -> str:
         repo_target = Path(os.path.normpath(page_dir / unquote(path))).as_posix()
         if repo_target.startswith("..") or not (root / repo_target).exists():
             return match.group(0)  # left as written: the browser check reports it as broken
-        url = os.path.relpath(site_url(repo_target, root), page_dir.as_posix() or ".")
-        return f"{match.group(1)}{Path(url).as_posix()}{'#' + anchor if anchor else ''}{match.group(3)}"
+        url = relative(site_url(repo_target, root), page_dir.as_posix() or ".")
+        return f"{match.group(1)}{url}{'#' + anchor if anchor else ''}{match.group(3)}"
 
     return HREF_RE.sub(one, html)
 
@@ -213,11 +214,11 @@ class Renderer:
         here = Path(target).parent.as_posix() or "."
 
         def url(path: str) -> str:
-            return Path(os.path.relpath(self._site_path(path), here)).as_posix()
+            return relative(self._site_path(path), here)
 
         html = self.template.render(
             title=title, body=Markup(rewrite_links(body, repo_path, self.course.root)), nav=self.nav,
-            current=repo_path, url=url, home=url_of_home(here), css=url_of_css(here))
+            current=repo_path, url=url, home=relative("index.html", here), css=relative("style.css", here))
         path = self.out / target
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(html, encoding="utf-8")
@@ -261,12 +262,9 @@ class Renderer:
         (self.out / "style.css").write_text(css, encoding="utf-8")
 
 
-def url_of_home(here: str) -> str:
-    return Path(os.path.relpath("index.html", here)).as_posix()
-
-
-def url_of_css(here: str) -> str:
-    return Path(os.path.relpath("style.css", here)).as_posix()
+def relative(site_path: str, here: str) -> str:
+    """A link from the site folder `here` to the site file `site_path`."""
+    return Path(os.path.relpath(site_path, here)).as_posix()
 
 
 def mock_interview_body(course: Course) -> str:
@@ -344,10 +342,7 @@ def build(out: Path, *, execute: bool = True, update_figures: bool = False, root
         raise SiteError("--update-figures needs the notebooks executed (drop --no-execute)")
     course = Course(root)
     site = collect(course)
-    out = Path(out).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with replaced_whole(Path(out).resolve()) as tmp:
         renderer = Renderer(course, tmp)
         renderer.css()
         figures: dict[str, bytes] = {}
@@ -375,12 +370,6 @@ def build(out: Path, *, execute: bool = True, update_figures: bool = False, root
             (tmp / name).write_bytes(png)
         renderer.write("mock-interview", "Mock interview", mock_interview_body(course))
         renderer.write("index.md", "Serving Lab: the course", home_body(course))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return site
 
 
