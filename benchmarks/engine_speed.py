@@ -1,5 +1,5 @@
-"""Engine speed per numeric path (float32, bfloat16, int8 W8A8), beside transformers, and each path's
-quality against float32 on the eval set, side by side in one run.
+"""Engine speed per numeric path (float32, float32 with a bfloat16 KV cache, bfloat16, int8 W8A8), beside
+transformers, and each path's quality against float32 on the eval set, side by side in one run.
 
     python benchmarks/engine_speed.py [--eval-prompts 50] [--eval-tokens 64]
     python benchmarks/engine_speed.py --kernels     # only the projection kernels, ~1 min
@@ -36,7 +36,9 @@ from ref_engine.model.store import default_model_path
 from serving_lab.eval_set import compare_quality, eval_prompts
 
 PROMPT_LEN, OUTPUT_LEN = 128, 128
-PATHS = {"float32": {}, "bfloat16": {"dtype": "bfloat16"}, "int8 (W8A8)": {"quantization": "int8"}}
+# name -> (load_model's numerics, the engine's kv_cache_dtype)
+PATHS = {"float32": ({}, "auto"), "float32, bfloat16 KV cache": ({}, "bfloat16"),
+         "bfloat16": ({"dtype": "bfloat16"}, "auto"), "int8 (W8A8)": ({"quantization": "int8"}, "auto")}
 
 
 def prompts(batch: int) -> list[list[int]]:
@@ -53,8 +55,8 @@ def fastest(run: Callable[[], None], repeats: int = 2) -> float:
     return min(times)
 
 
-def engine_tok_s(loaded: LoadedModel, batch: int) -> float:
-    llm = LLM(loaded, max_num_seqs=max(batch, 1))
+def engine_tok_s(loaded: LoadedModel, batch: int, kv_cache_dtype: str = "auto") -> float:
+    llm = LLM(loaded, max_num_seqs=max(batch, 1), kv_cache_dtype=kv_cache_dtype)
     params = SamplingParams(max_tokens=OUTPUT_LEN, temperature=0.0, ignore_eos=True)
     batch_prompts = prompts(batch)
     return batch * OUTPUT_LEN / fastest(lambda: llm.generate(batch_prompts, params, use_tqdm=False))
@@ -132,12 +134,17 @@ def main() -> None:
     print(f"prompt {PROMPT_LEN}, output {OUTPUT_LEN} tokens; eval {args.eval_prompts} prompts x {args.eval_tokens} tokens")
     print("\n| system | single stream (tok/s) | batch 32 (tok/s) | greedy agreement | mean KL (nats/token) |")
     print("| --- | --- | --- | --- | --- |")
-    candidates = {name: load_model(None, **kwargs) for name, kwargs in PATHS.items() if kwargs}
-    qualities = dict(zip(candidates, compare_quality(reference, list(candidates.values()),
-                                                     eval_prompts(args.eval_prompts), args.eval_tokens)))
-    for name, loaded in {"float32": reference, **candidates}.items():
-        single, batched = engine_tok_s(loaded, 1), engine_tok_s(loaded, 32)
-        quality = (f"{qualities[name].agreement:.3f} | {qualities[name].mean_kl:.4f}" if name in qualities
+    models = {name: load_model(None, **kwargs) if kwargs else reference for name, (kwargs, _) in PATHS.items()}
+    prompts = eval_prompts(args.eval_prompts)
+    qualities = {}
+    for kv_cache_dtype in {kv for _, kv in PATHS.values()}:
+        names = [name for name, (_, kv) in PATHS.items() if kv == kv_cache_dtype and name != "float32"]
+        judged = compare_quality(reference, [models[n] for n in names], prompts, args.eval_tokens, kv_cache_dtype)
+        qualities |= dict(zip(names, judged))
+    for name, loaded in models.items():
+        kv_cache_dtype = PATHS[name][1]
+        single, batched = engine_tok_s(loaded, 1, kv_cache_dtype), engine_tok_s(loaded, 32, kv_cache_dtype)
+        quality = (f"{qualities[name].agreement:.3f} | {qualities[name].mean_kl:.5f}" if name in qualities
                    else "reference | reference")
         print(f"| engine, {name} | {single:.1f} | {batched:.1f} | {quality} |", flush=True)
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):

@@ -9,6 +9,10 @@ This module owns three things:
   passes *explicitly* into `model.forward` (there is no global "forward context");
 * `paged_attention`, a pure-torch reference that runs on CPU and CUDA.
 
+The cache may be stored in a narrower dtype than the model computes in (`kv_cache_dtype`, vLLM's knob:
+"bfloat16" under a float32 model halves the bytes per cached token, so the same memory holds twice the
+blocks). K/V are rounded once, when written; attention reads them back in the model's dtype.
+
 How a token finds its K/V: token `i` of request `r` sits at position `p` of that request. Its K/V live in
 block `block_tables[r][p // block_size]`, at offset `p % block_size`, i.e. at the flat *slot*
 `block_id * block_size + offset`. `slot_mapping` lists that slot for every new token of the step.
@@ -28,6 +32,7 @@ from itertools import accumulate
 import torch
 import torch.nn.functional as F
 
+from ref_engine.core.config import KV_CACHE_DTYPES
 from ref_engine.core.math_utils import cdiv
 from ref_engine.model.arch_config import ArchConfig
 
@@ -109,6 +114,19 @@ class AttentionMetadata:
         )
 
 
+def check_kv_cache_dtype(kv_cache_dtype: str) -> None:
+    """A ValueError naming the knob and its choices for a KV-cache dtype this engine does not have."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not a KV-cache dtype this engine has; choices: "
+                         f"{', '.join(repr(d) for d in KV_CACHE_DTYPES)}")
+
+
+def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The torch dtype of a `kv_cache_dtype` choice ("auto": the model's)."""
+    check_kv_cache_dtype(kv_cache_dtype)
+    return model_dtype if kv_cache_dtype == "auto" else getattr(torch, kv_cache_dtype)
+
+
 def allocate_kv_cache(
     arch: ArchConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str | None = None
 ) -> list[torch.Tensor]:
@@ -122,10 +140,10 @@ def allocate_kv_cache(
 
 
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache_layer: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store the new tokens' K/V `[T, Hkv, D]` at their slots."""
+    """Store the new tokens' K/V `[T, Hkv, D]` at their slots, rounded to the cache's dtype."""
     flat = kv_cache_layer.flatten(1, 2)  # [2, num_blocks * block_size, Hkv, D], a view
-    flat[0].index_copy_(0, slot_mapping, k)
-    flat[1].index_copy_(0, slot_mapping, v)
+    flat[0].index_copy_(0, slot_mapping, k.to(flat.dtype))
+    flat[1].index_copy_(0, slot_mapping, v.to(flat.dtype))
 
 
 def paged_attention(
@@ -154,25 +172,21 @@ def paged_attention(
       have different query lengths, so they run one request at a time with a causal mask that is offset
       by the tokens already cached.
 
-    SDPA accumulates in float32 internally, so float32 and bfloat16 caches both work.
+    SDPA accumulates in float32 internally, so float32 and bfloat16 models both work. A cache stored in
+    another dtype than `q` (`kv_cache_dtype`) is read back in `q`'s dtype after the gather.
     """
     write_kv_cache(k, v, kv_cache_layer, meta.slot_mapping)
-    num_kv_heads, head_dim = k.shape[1:]
+    if not meta.prefill_reqs:  # a pure decode step (the common one): every row is its request's one query
+        return _decode_attention(q, kv_cache_layer, meta, scale)
     out = torch.empty_like(q)
-
     if meta.decode_token_indices.numel():
-        num_decodes, num_blocks = meta.decode_block_tables.shape
-        kv = kv_cache_layer.index_select(1, meta.decode_block_tables.flatten())
-        kv = kv.view(2, num_decodes, num_blocks * meta.block_size, num_kv_heads, head_dim).transpose(2, 3)
-        # GQA without copying K/V per query head: the G query heads sharing a KV head become G query rows.
-        q_decode = q[meta.decode_token_indices].view(num_decodes, num_kv_heads, -1, head_dim)  # [B, Hkv, G, D]
-        o = F.scaled_dot_product_attention(q_decode, kv[0], kv[1], attn_mask=meta.decode_key_mask, scale=scale)
-        out.index_copy_(0, meta.decode_token_indices, o.reshape(num_decodes, -1, head_dim))
+        out.index_copy_(0, meta.decode_token_indices,
+                        _decode_attention(q[meta.decode_token_indices], kv_cache_layer, meta, scale))
 
     for r, start in meta.prefill_reqs:
         query_len, seq_len = meta.query_lens[r], meta.seq_lens_list[r]
         num_blocks = cdiv(seq_len, meta.block_size)
-        kv = kv_cache_layer.index_select(1, meta.block_tables[r, :num_blocks])
+        kv = kv_cache_layer.index_select(1, meta.block_tables[r, :num_blocks]).to(q.dtype)
         kv = kv.flatten(1, 2)[:, :seq_len].transpose(1, 2).unsqueeze(1)  # [2, 1, Hkv, seq_len, D]
         q_req = q[start : start + query_len].transpose(0, 1).unsqueeze(0)  # [1, Hq, query_len, D]
         if query_len == seq_len:  # nothing cached before: the plain causal triangle
@@ -184,3 +198,16 @@ def paged_attention(
                                            enable_gqa=True)
         out[start : start + query_len] = o[0].transpose(0, 1)
     return out
+
+
+def _decode_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: AttentionMetadata,
+                      scale: float) -> torch.Tensor:
+    """Attention of the decode rows `q` `[B, Hq, D]` (one per decode request, in order) in one batched call."""
+    num_decodes, num_blocks = meta.decode_block_tables.shape
+    num_kv_heads, head_dim = kv_cache_layer.shape[3:]
+    kv = kv_cache_layer.index_select(1, meta.decode_block_tables.flatten()).to(q.dtype)
+    kv = kv.view(2, num_decodes, num_blocks * meta.block_size, num_kv_heads, head_dim).transpose(2, 3)
+    # GQA without copying K/V per query head: the G query heads sharing a KV head become G query rows.
+    q = q.view(num_decodes, num_kv_heads, -1, head_dim)  # [B, Hkv, G, D]
+    o = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=meta.decode_key_mask, scale=scale)
+    return o.reshape(num_decodes, -1, head_dim)

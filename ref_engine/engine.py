@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from ref_engine.attention import check_kv_cache_dtype, kv_cache_torch_dtype
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
 from ref_engine.core.kv_cache_manager import PrefixCacheExplanation
@@ -85,13 +86,15 @@ class LLMEngine:
     def __init__(self, model: str | Path | LoadedModel | None = None, *, dtype: str | torch.dtype = "float32",
                  device: str | torch.device | None = None, config: EngineConfig | None = None,
                  kv_transfer_config: KVTransferConfig | None = None, quantization: str | None = None,
-                 **knobs: Any) -> None:
+                 kv_cache_dtype: str = "auto", **knobs: Any) -> None:
         """`model`: a path, None for the default SmolLM2, or an already `LoadedModel` (so sweeps load the
         weights once and build one engine per configuration; it comes quantized or not). `kv_transfer_config`:
         this engine's role in a disaggregated pair, if any. `quantization`: None (the float reference) or
-        "int8" (W8A8, ref_engine/model/quantization.py)."""
+        "int8" (W8A8, ref_engine/model/quantization.py). `kv_cache_dtype`: "auto" (the model's dtype) or
+        a dtype to store K/V in (ref_engine/attention.py; "bfloat16" doubles the blocks a pool holds)."""
         config = config or EngineConfig()
         self.config = config.replace(**knobs) if knobs else config
+        check_kv_cache_dtype(kv_cache_dtype)  # before the slow load
         if isinstance(model, LoadedModel):
             if quantization != model.quantization and quantization is not None:
                 raise ValueError(f"quantization={quantization!r}, but the given LoadedModel was loaded with "
@@ -108,6 +111,7 @@ class LLMEngine:
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.config = self.config.for_model(self.arch.max_position_embeddings)
         self.dtype = next(loaded.model.parameters()).dtype
+        self.kv_cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, self.dtype)
         self.num_kv_blocks = self._num_kv_blocks(loaded.model)
         self.scheduler = make_scheduler(self.config, self.num_kv_blocks,
                                         cache_namespace=f"{self.model_id}:{self.tokenizer.fingerprint}",
@@ -115,7 +119,7 @@ class LLMEngine:
         self.runner = ModelRunner(
             loaded.model, self.arch, num_kv_blocks=self.num_kv_blocks,
             num_swap_blocks=self.scheduler.num_swap_blocks,
-            block_size=self.config.block_size, dtype=self.dtype, device=self.device)
+            block_size=self.config.block_size, dtype=self.kv_cache_dtype, device=self.device)
         self.sampler = Sampler(self.config.seed, self.device)
         self.rejection_sampler = RejectionSampler(self.sampler)
         self.proposer = make_proposer(self.config, loaded, self.sampler, num_kv_blocks=self.num_kv_blocks,
@@ -337,7 +341,7 @@ class LLMEngine:
         """The KV pool by the core's rule (`kv_sizing.num_kv_blocks`), from what torch measures here: on a
         GPU its memory and the loaded weights; a CPU has no device memory to profile."""
         config = self.config
-        per_block = self.arch.kv_bytes_per_block(config.block_size, self.dtype.itemsize)
+        per_block = self.arch.kv_bytes_per_block(config.block_size, self.kv_cache_dtype.itemsize)
         free = device_memory = None
         if self.device.type == "cuda":
             free, device_memory = torch.cuda.mem_get_info(self.device)

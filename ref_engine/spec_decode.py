@@ -105,13 +105,10 @@ class EarlyExitDraft(nn.Module):
     def __init__(self, target: nn.Module, num_layers: int) -> None:
         super().__init__()
         self.target = target
-        self.layers = target.model.layers[:num_layers]
+        self.num_layers = num_layers
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv_caches: list[Tensor], attn_metadata: object) -> Tensor:
-        x = self.target.model.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(positions, x, kv_cache, attn_metadata)
-        return self.target.model.norm(x)
+        return self.target(input_ids, positions, kv_caches, attn_metadata, num_layers=self.num_layers)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         return self.target.compute_logits(hidden)

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ref_engine.core.config import QUANTIZATION_METHODS
+from ref_engine.core.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS
 
 if TYPE_CHECKING:
     from ref_engine.core.config import EngineConfig
@@ -26,7 +26,7 @@ def _pull(args: argparse.Namespace) -> None:
 def _generate(args: argparse.Namespace) -> None:
     from ref_engine import LLM, SamplingParams
 
-    llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization)
+    llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
     tokenizer = llm.get_tokenizer()
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat else p
                for p in args.prompts]
@@ -63,6 +63,7 @@ def serve_config(args: argparse.Namespace) -> EngineConfig | None:
     engine = manifest.llm_kwargs()
     args.model, args.served_model_name = engine["model"], manifest.engine.served_model_name
     args.dtype, args.quantization = engine["dtype"], engine["quantization"]
+    args.kv_cache_dtype = engine["kv_cache_dtype"]
     args.allow_streaming = manifest.api.stream
     with naming_keys():
         return engine["config"].for_model(simulated_arch(manifest.engine.model, "engine.model")
@@ -100,7 +101,8 @@ def _demo(args: argparse.Namespace) -> None:
 
 # `serve`'s own flags that also override a manifest key (ref_engine/entrypoints/openai/cli_args.py): they
 # mean the same without a manifest, so `serve` keeps them and takes only the other override flags.
-SERVE_KNOBS = ("model", "served_model_name", "max_model_len", "max_num_seqs", "dtype", "quantization")
+SERVE_KNOBS = ("model", "served_model_name", "max_model_len", "max_num_seqs", "dtype", "quantization",
+               "kv_cache_dtype")
 
 
 def _add_override_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
@@ -216,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
                    help="int8: W8A8 weights and activations (faster on x86 CPUs; quality in benchmarks/RESULTS.md)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
+                   help="what the KV cache stores K/V in (auto: the model's dtype)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)

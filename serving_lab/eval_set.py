@@ -1,4 +1,5 @@
-"""The eval set: what a knob that changes the engine's numbers (dtype, quantization) costs in quality.
+"""The eval set: what a knob that changes the engine's numbers (dtype, quantization, KV-cache dtype) costs
+in quality.
 
 A speed-up is only half of a knob's story; the other half is how far its outputs move from the float32
 reference. The eval set is 200 chat prompts the project writes (`eval_prompts`: ten kinds of request,
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ref_engine.attention import AttentionMetadata, allocate_kv_cache
+from ref_engine.attention import AttentionMetadata, allocate_kv_cache, kv_cache_torch_dtype
 from ref_engine.engine import LLM
 from ref_engine.model.loader import LoadedModel
 from ref_engine.sampling_params import SamplingParams
@@ -71,34 +72,38 @@ def chat_token_ids(loaded: LoadedModel, prompts: list[str]) -> list[list[int]]:
                              add_special_tokens=False) for p in prompts]
 
 
-def greedy_continuations(loaded: LoadedModel, prompt_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
+def greedy_continuations(loaded: LoadedModel, prompt_ids: list[list[int]], max_tokens: int,
+                         kv_cache_dtype: str = "auto") -> list[list[int]]:
     """`max_tokens` greedy tokens after each prompt (EOS ignored, so every continuation is full length),
     generated in one continuously batched run."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    outputs = LLM(loaded).generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+    outputs = LLM(loaded, kv_cache_dtype=kv_cache_dtype).generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
 @torch.inference_mode()
-def sequence_logprobs(loaded: LoadedModel, token_ids: list[int], block_size: int = 16) -> torch.Tensor:
+def sequence_logprobs(loaded: LoadedModel, token_ids: list[int], block_size: int = 16,
+                      kv_cache_dtype: str = "auto") -> torch.Tensor:
     """Log-probabilities `[len(token_ids), vocab]` of the next token after each position: one prefill of
     the whole sequence through the engine's model (its own paged attention, a pool just big enough)."""
     model, n = loaded.model, len(token_ids)
     device = next(model.parameters()).device
     num_blocks = -(-n // block_size)
-    kv_caches = allocate_kv_cache(loaded.arch, num_blocks, block_size, next(model.parameters()).dtype, device)
+    cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, next(model.parameters()).dtype)
+    kv_caches = allocate_kv_cache(loaded.arch, num_blocks, block_size, cache_dtype, device)
     meta = AttentionMetadata.build([n], [n], [list(range(num_blocks))], block_size, device)
     hidden = model(torch.tensor(token_ids, device=device), torch.arange(n, device=device), kv_caches, meta)
     return torch.log_softmax(model.compute_logits(hidden).float(), dim=-1)
 
 
 def compare_quality(reference: LoadedModel, candidates: Sequence[LoadedModel], prompts: list[str],
-                    max_tokens: int = 64) -> list[Quality]:
-    """Each of `candidates` (dtypes or quantizations of `reference`'s weights) against `reference` on
-    `prompts`; the reference's greedy texts and distributions are computed once for all of them."""
+                    max_tokens: int = 64, kv_cache_dtype: str = "auto") -> list[Quality]:
+    """Each of `candidates` (dtypes or quantizations of `reference`'s weights), run with `kv_cache_dtype`,
+    against `reference` with its own dtype's cache on `prompts`; the reference's greedy texts and
+    distributions are computed once for all of them."""
     prompt_ids = chat_token_ids(reference, prompts)
     expected = greedy_continuations(reference, prompt_ids, max_tokens)
-    got = [greedy_continuations(candidate, prompt_ids, max_tokens) for candidate in candidates]
+    got = [greedy_continuations(candidate, prompt_ids, max_tokens, kv_cache_dtype) for candidate in candidates]
     kl_sums = [0.0] * len(candidates)
     for ids, continuation in zip(prompt_ids, expected):
         sequence = ids + continuation
@@ -106,7 +111,7 @@ def compare_quality(reference: LoadedModel, candidates: Sequence[LoadedModel], p
         rows = slice(len(ids) - 1, len(sequence) - 1)
         p = sequence_logprobs(reference, sequence)[rows]
         for c, candidate in enumerate(candidates):
-            q = sequence_logprobs(candidate, sequence)[rows]
+            q = sequence_logprobs(candidate, sequence, kv_cache_dtype=kv_cache_dtype)[rows]
             kl_sums[c] += float((p.exp() * (p - q)).sum())
     num_tokens = len(prompts) * max_tokens
     return [Quality(sum(sum(a == b for a, b in zip(e, g)) for e, g in zip(expected, texts)) / num_tokens,

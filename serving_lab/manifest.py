@@ -68,6 +68,8 @@ class EngineSection(_Section):
     # own default is "auto", the checkpoint's dtype). int8: W8A8 on torch's x86 CPU kernels, computed in float32.
     dtype: Literal["float32", "bfloat16"] | None = None
     quantization: Literal["int8"] | None = None
+    # What the KV cache stores K/V in (vLLM's --kv-cache-dtype). None or "auto": the engine's dtype.
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16"] | None = None
 
 
 class RequestLimits(_Section):
@@ -172,7 +174,18 @@ class Manifest(_Section):
             raise ManifestError(f"engine.model: the engine loads {DEFAULT_MODEL!r}, a GGUF file or a Hugging "
                                 f"Face folder; {model!r} is none of them")
         return {"model": None if model == DEFAULT_MODEL else model, "config": self.engine_config(),
-                "dtype": self.engine.dtype or "float32", "quantization": self.engine.quantization}
+                "dtype": self.engine.dtype or "float32", "quantization": self.engine.quantization,
+                "kv_cache_dtype": self.engine.kv_cache_dtype or "auto"}
+
+    def measured_llm_kwargs(self) -> dict[str, Any]:
+        """`llm_kwargs` for the sweep's and the report's measured runs, whose runner (ref_engine/bench.py)
+        keeps the KV cache in the model's dtype: a manifest asking for another is refused, not ignored."""
+        kwargs = self.llm_kwargs()
+        if kwargs["kv_cache_dtype"] != "auto":
+            raise ManifestError(f"engine.kv_cache_dtype: measured runs keep the KV cache in the model's dtype; "
+                                f"got {kwargs['kv_cache_dtype']!r} (use auto, or simulate only; `serving-lab "
+                                "serve` and `generate` run it)")
+        return kwargs
 
     def simulator_kwargs(self) -> dict[str, Any]:
         """`Simulator(hardware=..., **manifest.simulator_kwargs())`: the priced model (known names too),
@@ -183,6 +196,8 @@ class Manifest(_Section):
                                       config=self.engine_config(),
                                       tensor_parallel_size=self.engine.tensor_parallel_size,
                                       dtype=self.engine.quantization or self.engine.dtype)
+        if self.engine.kv_cache_dtype not in (None, "auto"):
+            kwargs["kv_cache_dtype"] = self.engine.kv_cache_dtype
         spec = self.optional.speculative_decoding
         if spec is not None and spec.draft_model != NGRAM_DRAFT and not spec.draft_model.startswith("self:"):
             kwargs["draft_arch"] = simulated_arch(spec.draft_model, "optional.speculative_decoding.draft_model")
@@ -260,6 +275,7 @@ OVERRIDE_FLAGS = {
     "--tensor-parallel-size": "engine.tensor_parallel_size",
     "--dtype": "engine.dtype",
     "--quantization": "engine.quantization",
+    "--kv-cache-dtype": "engine.kv_cache_dtype",
     "--max-model-len": "api.request_limits.max_model_len",
     "--max-num-seqs": "api.request_limits.max_num_seqs",
     "--preemption-mode": "api.admission.preempt",

@@ -87,7 +87,7 @@ def run_report(before: str | Path, after: str | Path, workload: str, *, hardware
     parsed = parse_workload(workload, seed)
     loaded = None
     if measure:
-        engines = {name: m.llm_kwargs() for name, m in manifests.items()}  # refuses what the engine cannot run
+        engines = {name: m.measured_llm_kwargs() for name, m in manifests.items()}  # refuses what it cannot run
         served = {(kwargs["model"], kwargs["dtype"], kwargs["quantization"]) for kwargs in engines.values()}
         if len(served) != 1:
             raise ValueError("before and after serve different models or numerics (engine.model, engine.dtype, "

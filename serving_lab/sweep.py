@@ -224,7 +224,8 @@ class Sweep:
         if speculating and rate is None:
             raise ManifestError(f"grid point {point.id}: speculation needs an `acceptance_rate` knob "
                                 "(the simulator's assumption of the share of draft tokens accepted)")
-        given = {"dtype": self.base["dtype"], **dict(point.knobs)}  # the manifest's numerics, unless the point's
+        given = {"dtype": self.base["dtype"], "kv_cache_dtype": self.base.get("kv_cache_dtype"),
+                 **dict(point.knobs)}  # the manifest's numerics, unless the point's
         extra = {k: given[k] for k in ("dtype", "kv_cache_dtype") if given.get(k) is not None}
         for name, value in extra.items():
             if value not in DTYPE_BYTES:
@@ -274,7 +275,7 @@ class Sweep:
         from serving_lab.eval_set import eval_prompts as prompts
         from serving_lab.experiments.common import Job, Sides, machine_slowdown, measured_runs
 
-        engine = self.manifest.llm_kwargs()  # refuses what the engine cannot run at all
+        engine = self.manifest.measured_llm_kwargs()  # refuses what the engine cannot run at all
         for point in points:
             self.check_engine_can_run(point)
         path, quantization = engine["model"], engine["quantization"]

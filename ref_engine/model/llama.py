@@ -112,7 +112,8 @@ def rope_inv_freq(arch: ArchConfig) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Precomputed cos/sin for every position; rotates q and k by their token's position.
+    """Precomputed cos/sin for every position. `cos_sin` looks up a step's positions once, and every layer
+    rotates its q and k with them (`apply_rotary`).
 
     Pairs are (x[i], x[i + d/2]) -- the "rotate half" convention of Hugging Face checkpoints.
     """
@@ -125,10 +126,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos().to(dtype=dtype, device=device), persistent=False)
         self.register_buffer("sin", angles.sin().to(dtype=dtype, device=device), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D], broadcast over heads
-        sin = self.sin[positions].unsqueeze(1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin `[T, 1, D]` of each token's position, broadcast over heads."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rotary(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """`x` `[T, heads, D]` rotated by its token's position (`rope`: `RotaryEmbedding.cos_sin`)."""
+    cos, sin = rope
+    return x * cos + _rotate_half(x) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -137,8 +143,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, arch: ArchConfig, rotary: RotaryEmbedding, dtype: torch.dtype,
-                 device: torch.device | None) -> None:
+    def __init__(self, arch: ArchConfig, dtype: torch.dtype, device: torch.device | None) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = arch.num_attention_heads, arch.num_kv_heads, arch.head_dim
         self.q_size, self.kv_size = arch.q_size, arch.kv_size
@@ -146,15 +151,13 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = TransposedLinear(arch.hidden_size, [self.q_size, self.kv_size, self.kv_size],
                                          arch.attention_bias, dtype, device)
         self.o_proj = TransposedLinear(self.q_size, [arch.hidden_size], False, dtype, device)
-        self.rotary = rotary  # shared by all layers; not a parameter
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        q = apply_rotary(q.view(-1, self.num_heads, self.head_dim), rope)
+        k = apply_rotary(k.view(-1, self.num_kv_heads, self.head_dim), rope)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
         out = paged_attention(q, k, v, kv_cache, meta, self.scale)
         return self.o_proj(out.flatten(1))
 
@@ -173,17 +176,16 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, arch: ArchConfig, rotary: RotaryEmbedding, dtype: torch.dtype,
-                 device: torch.device | None) -> None:
+    def __init__(self, arch: ArchConfig, dtype: torch.dtype, device: torch.device | None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
-        self.self_attn = LlamaAttention(arch, rotary, dtype, device)
+        self.self_attn = LlamaAttention(arch, dtype, device)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
         self.mlp = LlamaMLP(arch, dtype, device)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta)
+        x = x + self.self_attn(rope, self.input_layernorm(x), kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -191,8 +193,8 @@ class LlamaModel(nn.Module):
     def __init__(self, arch: ArchConfig, dtype: torch.dtype, device: torch.device | None) -> None:
         super().__init__()
         self.embed_tokens = _empty_embedding(arch, dtype, device)
-        rotary = RotaryEmbedding(arch, dtype, device)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(arch, rotary, dtype, device) for _ in range(arch.num_layers))
+        self.rotary = RotaryEmbedding(arch, dtype, device)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(arch, dtype, device) for _ in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
 
 
@@ -214,11 +216,13 @@ class LlamaForCausalLM(nn.Module):
         self.quantized_lm_head: nn.Module | None = None  # set by ref_engine/model/quantization.py
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                attn_metadata: AttentionMetadata) -> torch.Tensor:
-        """Hidden states `[T, hidden]` for the flat batch; writes each new token's K/V into `kv_caches`."""
+                attn_metadata: AttentionMetadata, num_layers: int | None = None) -> torch.Tensor:
+        """Hidden states `[T, hidden]` for the flat batch; writes each new token's K/V into `kv_caches`.
+        `num_layers`: run only the first ones, then the final norm (an early-exit draft of this model)."""
         x = self.model.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            x = layer(positions, x, kv_cache, attn_metadata)
+        rope = self.model.rotary.cos_sin(positions)  # looked up once per step, shared by every layer
+        for layer, kv_cache in zip(self.model.layers[:num_layers], kv_caches, strict=True):
+            x = layer(rope, x, kv_cache, attn_metadata)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -73,7 +73,8 @@ def test_the_shipped_manifest_builds_the_engine_config_it_describes():
         max_num_batched_tokens=256 + 32)  # the step holds the prefill budget and the decode budget
     assert manifest.metrics == list(get_args(MetricName)) == list(MANIFEST_METRICS)
     assert manifest.llm_kwargs() == {"model": None, "config": manifest.engine_config(),  # None: the default model
-                                     "dtype": "float32", "quantization": None}  # the float32 reference
+                                     "dtype": "float32", "quantization": None,  # the float32 reference
+                                     "kv_cache_dtype": "auto"}
 
 
 def test_numerics_reach_the_engine_the_simulator_and_vllm(tmp_path, capsys):
@@ -91,6 +92,16 @@ def test_numerics_reach_the_engine_the_simulator_and_vllm(tmp_path, capsys):
                   capsys)
     assert vllm_flags(out)[1]["--dtype"] == "bfloat16"
     assert any(line.startswith("# engine.quantization: int8") for line in out.splitlines())
+    bf16_kv = load_manifest(EXAMPLE_MANIFEST, {"engine.kv_cache_dtype": "bfloat16"})
+    assert bf16_kv.llm_kwargs()["kv_cache_dtype"] == bf16_kv.simulator_kwargs()["kv_cache_dtype"] == "bfloat16"
+    assert Simulator(hardware="h100-sxm", **bf16_kv.simulator_kwargs()).kv_cache_dtype == "bfloat16"
+    assert "kv_cache_dtype" not in load_manifest(EXAMPLE_MANIFEST).simulator_kwargs()  # auto: the priced dtype's
+    with pytest.raises(ManifestError, match=r"engine\.kv_cache_dtype: got 'fp4'; allowed: 'auto', 'float32' or 'bfloat16'"):
+        load_manifest(EXAMPLE_MANIFEST, {"engine.kv_cache_dtype": "fp4"})
+    with pytest.raises(ManifestError, match=r"engine\.kv_cache_dtype: measured runs keep the KV cache in the model"):
+        bf16_kv.measured_llm_kwargs()  # the sweep's and the report's runner: refused, not ignored
+    out = run_cli(["manifest", "--to-vllm", str(EXAMPLE_MANIFEST), "--kv-cache-dtype", "bfloat16"], capsys)
+    assert vllm_flags(out)[1]["--kv-cache-dtype"] == "bfloat16"
 
 
 @pytest.mark.parametrize("overrides, knobs", [

@@ -84,7 +84,11 @@ def test_the_manifest_sets_the_numerics_and_a_flag_overrides_them(tmp_path, tiny
     assert (args.dtype, args.quantization) == ("bfloat16", None)
     args = cli.build_parser().parse_args([*argv, "--dtype", "float32", "--quantization", "int8"])
     cli.serve_config(args)
-    assert (args.dtype, args.quantization) == ("float32", "int8")
+    assert (args.dtype, args.quantization, args.kv_cache_dtype) == ("float32", "int8", "auto")
+    args = cli.build_parser().parse_args([*argv, "--kv-cache-dtype", "bfloat16"])
+    cli.serve_config(args)
+    assert args.kv_cache_dtype == "bfloat16"
+    assert build_server(args, cli.serve_config(args)).engine.engine_args.kv_cache_dtype == "bfloat16"
     assert not hasattr(cli.build_parser().parse_args(["serve"]), "dtype")  # no manifest: build_server's float32
 
 

@@ -68,6 +68,25 @@ def test_decode_by_hand(tiny, toy_hw):
     assert cost.total_s == pytest.approx(4.304e-5 + 1.223e-3)
 
 
+def test_weight_and_kv_dtypes_by_hand(tiny, toy_hw):
+    """The decode above with float32 weights and a bfloat16 KV cache, then int8 weights: weight bytes follow
+    the layers' dtype (embeddings, lm_head and norms stay in 16 bits under 8-bit weights), KV bytes follow
+    the cache's dtype, and the linear FLOPs are priced at the weights' dtype's rate."""
+    hw = replace(toy_hw, peak_flops={"float32": 1e8, "bfloat16": 2e8, "int8": 4e8})
+    shape = BatchShape.from_pairs([(1, 3), (1, 6)])
+    fp32 = CostModel(tiny, hw, dtype="float32", block_size=4, kv_cache_dtype="bfloat16").breakdown(shape)
+    assert fp32.weight_bytes == (1184 + 8) * 4 + 32 * 8 * 4 + 2 * 8 * 4 == 5856
+    assert fp32.kv_read_bytes == 32 * (4 + 7) and fp32.kv_write_bytes == 32 * 2  # 2-byte K/V as before
+    assert fp32.activation_bytes == 960 * 2
+    assert fp32.compute_s == pytest.approx(5760 / 1e8 + 704 / 1e8)
+    fp32_kv = CostModel(tiny, hw, dtype="float32", block_size=4).breakdown(shape)  # cache in the model's dtype
+    assert (fp32_kv.kv_read_bytes, fp32_kv.kv_write_bytes) == (64 * 11, 64 * 2)
+    int8 = CostModel(tiny, hw, dtype="int8", block_size=4).breakdown(shape)
+    assert int8.weight_bytes == 1184 * 1 + 8 * 2 + 32 * 8 * 2 + 2 * 8 * 2 == 1744
+    assert int8.kv_read_bytes == 16 * 11  # an 8-bit model's cache, unless kv_cache_dtype says otherwise
+    assert int8.compute_s == pytest.approx(5760 / 4e8 + 704 / 2e8)  # attention in the 16-bit activations
+
+
 def test_prefill_by_hand(tiny, toy_hw):
     model = CostModel(tiny, toy_hw, block_size=4)
     cost = model.breakdown(BatchShape.prefill(8))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from ref_engine.core.config import QUANTIZATION_METHODS
+from ref_engine.core.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +29,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="the weights' dtype (default: float32, the reference)")
     parser.add_argument("--quantization", default=argparse.SUPPRESS, choices=list(QUANTIZATION_METHODS),
                         help="int8: W8A8 weights and activations (ref_engine/model/quantization.py)")
+    parser.add_argument("--kv-cache-dtype", default=argparse.SUPPRESS, choices=list(KV_CACHE_DTYPES),
+                        help="what the KV cache stores K/V in (default: auto, the model's dtype)")
     parser.add_argument("--max-model-len", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--max-num-seqs", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--scheduling-policy", default=None, choices=["fcfs", "priority", "fair"])
