@@ -1,13 +1,9 @@
-"""`quantization="int8"`: the W8A8 fast path (ref_engine/model/quantization.py) and the eval set that
-measures its quality (serving_lab/eval_set.py).
+"""`quantization="int8"`: the W8A8 fast path (ref_engine/model/quantization.py).
 
 - one layer: `Int8Linear` reproduces the float product within the quantization error the test derives;
 - bad values name the knob and its choices;
-- the engine runs every batched regime (chunked prefill, preemption by recompute and swap, prefix caching,
-  speculation) on int8 weights, every request to its last token;
-- quality on SmolLM2: the eval metrics are exact for the reference against itself, and int8 stays within
-  bounds set from its measured cost (benchmarks/RESULTS.md, "Engine speed"), far from what a broken
-  quantizer gives.
+- a quantized copy equals a quantized load and leaves the float model alone.
+The batched regimes and the quality bounds of every fast path are in tests/engine/test_fast_paths.py.
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ import torch
 from ref_engine import LLM, SamplingParams
 from ref_engine.model.loader import load_model, quantized
 from ref_engine.model.quantization import REDUCE_RANGE, X86_ENGINES, Int8Linear, check_quantization
-from serving_lab.eval_set import compare_quality, eval_prompts
 
 needs_x86_kernels = pytest.mark.skipif(
     torch.backends.quantized.engine not in X86_ENGINES,
@@ -81,36 +76,3 @@ def test_an_engine_refuses_a_model_loaded_with_another_quantization(make_tiny_hf
     loaded = load_model(make_tiny_hf_model("llama", name="int8-llama"))
     with pytest.raises(ValueError, match="loaded with quantization=None"):
         LLM(loaded, quantization="int8")
-
-
-@needs_x86_kernels
-@pytest.mark.parametrize("knobs", [
-    dict(max_num_batched_tokens=16),  # chunked prefill
-    dict(num_kv_blocks=24, max_num_seqs=16, preemption_mode="recompute"),
-    dict(num_kv_blocks=24, max_num_seqs=16, preemption_mode="swap", num_swap_blocks=64),
-    dict(speculative_method="ngram", num_speculative_tokens=3),
-], ids=["chunked-prefill", "preempt-recompute", "preempt-swap", "ngram-speculation"])
-def test_int8_engine_runs_every_batched_regime_to_the_last_token(tiny_int8, knobs):
-    prompts = [[1 + (i * 7 + j) % 200 for j in range(20 + 3 * i)] for i in range(12)]
-    prompts += [prompts[0][:16] + [9, 9, 9, i] for i in range(4)]  # a shared 16-token prefix: cache hits
-    llm = LLM(tiny_int8, **knobs)
-    outputs = llm.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), use_tqdm=False)
-    assert [len(o.outputs[0].token_ids) for o in outputs] == [24] * len(prompts)
-    engine = llm.llm_engine
-    assert engine.scheduler.kv_cache_manager.block_pool.num_free_blocks == engine.num_kv_blocks
-    if "num_kv_blocks" in knobs:
-        assert engine.scheduler.num_preemptions > 0, "the pool was meant to be small enough to preempt"
-
-
-@needs_x86_kernels
-@pytest.mark.slow
-def test_eval_metrics_are_exact_on_the_reference_and_bound_int8(smollm2, smollm2_path):
-    """The reference against itself: agreement 1 and KL 0, exactly (same model, same batch). int8 on four
-    eval prompts, 16 tokens: measured agreement 0.14 and KL 0.54 nats per token on eight prompts and 32
-    tokens (bfloat16: 0.86 and 0.001), so the bounds are agreement >= 0.02 and KL <= 2 nats; weights
-    quantized wrongly (say, transposed scales) give KL of several nats and agreement ~0."""
-    [itself] = compare_quality(smollm2, [smollm2], eval_prompts(2), max_tokens=8)
-    assert (itself.agreement, itself.mean_kl) == (1.0, 0.0)
-    [int8] = compare_quality(smollm2, [load_model(smollm2_path, quantization="int8")], eval_prompts(4), max_tokens=16)
-    print(int8)
-    assert int8.agreement >= 0.02 and 0 < int8.mean_kl <= 2.0, int8
