@@ -107,8 +107,9 @@ class CostModelTimer:
 
     def step_time(self, output: SchedulerOutput) -> float:
         query_lens, context_lens = output.batch_shape
-        # Only rows that sample pay for the lm_head (as in the real runner): a mid-prompt chunk needs none.
-        num_logit_rows = len([s for s in output.scheduled if s.needs_logits])
+        # Only rows that sample or verify pay for the lm_head (as in the real runner): a mid-prompt chunk needs
+        # none, a plain decode or a prompt's last chunk one, a verify of k drafts 1 + k (every draft is scored).
+        num_logit_rows = sum(1 + s.num_draft_tokens for s in output.scheduled if s.needs_logits)
         return self.cost_model.step_time(BatchShape(query_lens, context_lens, num_logit_rows=num_logit_rows))
 
 

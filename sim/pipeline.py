@@ -104,7 +104,8 @@ class PipelineCostModel:
         groups = []
         for j in range(m):
             q, c = shape.query_lens[j::m], shape.context_lens[j::m]
-            # logit rows go with their requests; when the caller gave a count, spread it the same way
+            # logit rows go with their requests; when the caller gave a count, spread it the same way (the
+            # total is kept; a verify step's requests carry 1 + k rows each, so its split is even, not exact)
             group_rows = None if shape.num_logit_rows is None else len(range(j, rows, m))
             groups.append(BatchShape(q, c, num_logit_rows=group_rows))
         return groups

@@ -9,6 +9,7 @@ says how many drafts a request carries into a step and how many of them the veri
   ICML'23, Eq. 1), which tests/sim/test_simulated_speculation.py checks;
 - `AcceptanceReplay`: the engine's own per-step counts (`StepRecord.verified`), so the shared scheduler
   makes exactly the engine's decisions and only step times can differ.
+`break_even_acceptance` inverts the formula: the acceptance rate a verify step of a given cost needs to pay.
 
 `SimulatedProposer` applies the model around the shared core's rule (`Scheduler.requests_to_speculate`):
 after each step's update, as the engine's proposers do, it hands the scheduler dummy drafts for the next
@@ -87,6 +88,26 @@ def expected_tokens_per_step(acceptance_rate: float, k: int) -> float:
     if acceptance_rate >= 1.0:
         return k + 1.0
     return (1 - acceptance_rate ** (k + 1)) / (1 - acceptance_rate)
+
+
+def break_even_acceptance(k: int, step_cost: float) -> float:
+    """The acceptance rate at which speculation with k drafts neither gains nor loses: the a where a verify
+    step's expected tokens, (1 - a^(k+1)) / (1 - a), equal its cost in plain decode steps, `step_cost`
+    (1 + k c for a draft pass costing c target steps and a verify priced as one step; or the cost model's
+    price of a verify step over a plain one, drafts included). The speed-up is
+    (1 - a^(k+1)) / ((1 - a) step_cost), above 1 exactly when a is above this rate. 0 when the step costs no
+    more than a plain one; ValueError when it costs more than the k + 1 tokens it can emit at best."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if step_cost <= 1.0:
+        return 0.0
+    if step_cost > k + 1:
+        raise ValueError(f"a step costing {step_cost} plain steps never pays: it emits at most {k + 1} tokens")
+    low, high = 0.0, 1.0  # expected_tokens_per_step rises with a: bisect to well below any rounding shown
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if expected_tokens_per_step(middle, k) < step_cost else (low, middle)
+    return (low + high) / 2
 
 
 class SimulatedProposer:

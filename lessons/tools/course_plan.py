@@ -173,17 +173,21 @@ LESSONS: tuple[PlannedLesson, ...] = (
     ),
     # Lesson 5 sections: nearly-free (memory-bound decode verifies k + 1 tokens for the price of one),
     # verification (greedy prefix match, rejection sampling, why it is exact), proposers (n-gram prompt
-    # lookup, draft model, self:L), acceptance-and-speedup (Leviathan's formula, the draft's cost),
-    # grounded-vs-chat (where n-gram shines), batch-size (where speculation turns into a slow-down),
-    # simulating-speculation (acceptance rates, replay, the draft's cost from its dims).
+    # lookup, draft model, self:L), learned-proposers (EAGLE, Medusa heads, multi-token prediction in the same
+    # frame), acceptance-and-speedup (Leviathan's formula, the draft's cost, break-even acceptance),
+    # acceptance-by-temperature (measured), grounded-vs-chat (where n-gram shines), measured-vs-simulated (the
+    # engine against the profile, and why they differ), batch-size (where speculation turns into a slow-down),
+    # draft-model-pays (70B + 8B simulated, the self-draft measured), simulating-speculation (acceptance rates,
+    # replay, the draft's cost from its dims).
     PlannedLesson(
         "05-speculative-decoding", "Speculative decoding", minutes=90,
-        anchors=("you-will-learn", "nearly-free", "verification", "proposers", "acceptance-and-speedup",
-                 "grounded-vs-chat", "batch-size", "simulating-speculation", "exercises", "questions",
-                 "summary"),
-        notebook_anchors=("formula", "measured", "batch-size", "exercises"),
+        anchors=("you-will-learn", "nearly-free", "verification", "proposers", "learned-proposers",
+                 "acceptance-and-speedup", "acceptance-by-temperature", "grounded-vs-chat", "measured-vs-simulated",
+                 "batch-size", "draft-model-pays", "simulating-speculation", "exercises", "questions", "summary"),
+        notebook_anchors=("formula", "measured", "batch-size", "acceptance", "draft-model", "exercises"),
         terms=("speculative-decoding", "draft-model", "prompt-lookup-decoding", "acceptance-rate",
-               "rejection-sampling", "bonus-token", "memory-bound", "compute-bound", "decode"),
+               "rejection-sampling", "bonus-token", "memory-bound", "compute-bound", "decode", "eagle",
+               "medusa-heads", "multi-token-prediction"),
         exercises=(
             PlannedExercise("E05.1", "implement", "Prompt lookup: draft tokens from the context"),
             PlannedExercise("E05.2", "estimate", "Tokens per step and the speed-up of speculation"),

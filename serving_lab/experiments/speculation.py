@@ -1,4 +1,5 @@
-"""Lesson 5's experiments: speculative decoding (measured and replayed speed-ups, the batch-size sweep).
+"""Lesson 5's experiments: speculative decoding (measured and replayed speed-ups, the batch-size sweeps
+measured and simulated, acceptance by temperature, a draft model on a simulated GPU).
 
 Lesson: lessons/05-speculative-decoding.md.
 """
@@ -6,6 +7,7 @@ Lesson: lessons/05-speculative-decoding.md.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from statistics import median
 from typing import Any
 
 from ref_engine.core.config import EngineConfig
@@ -15,7 +17,7 @@ from ref_engine.core.workload import Workload
 from serving_lab.experiments.common import Sides, machine_slowdown, metrics_row
 from sim.cost_model import BatchShape
 from sim.simulator import Simulator
-from sim.spec_decode import AcceptanceRate, AcceptanceReplay
+from sim.spec_decode import AcceptanceRate, AcceptanceReplay, expected_tokens_per_step
 
 CHAT_TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"  # SmolLM2's, for one user turn
 
@@ -127,3 +129,94 @@ def speculation_batch_sweep(batch_sizes: Iterable[int], acceptance_rate: float, 
                      / cost_model.step_time(BatchShape.decode(batch, prompt_len))})
     return rows
 
+
+
+def measured_batch_sweep(tokenizer: Any, batch_sizes: Iterable[int], sides: Sides, *, output_len: int = 48,
+                         k: int = EngineConfig.num_speculative_tokens) -> list[dict[str, Any]]:
+    """Prompt lookup against no speculation on `batch` input-grounded prompts at once, for each batch size,
+    on both sides (`speculation`'s rows, labelled with `batch`). The threshold is off, so every request
+    speculates however big the batch: the engine's own speed-up curve, next to the simulated one."""
+    configs = {"off": EngineConfig(),
+               "ngram": EngineConfig(speculative_method="ngram", num_speculative_tokens=k,
+                                     speculative_disable_by_batch_size=None)}
+    rows: list[dict[str, Any]] = []
+    for batch in batch_sizes:
+        rows += speculation(grounded_prompts(tokenizer, batch), configs, sides, output_len=output_len)
+    return rows
+
+
+def acceptance_by_temperature(model: Any, prompts: list[list[int]], temperatures: Iterable[float], *,
+                              output_len: int = 48, k: int = EngineConfig.num_speculative_tokens,
+                              seed: int = 0) -> list[dict[str, Any]]:
+    """Prompt lookup on the engine at each sampling temperature (seeded; 0 is greedy): how many drafts the
+    verifier accepts, overall and by draft position, and the tokens a verify step emits. A prompt-lookup
+    draft is a point mass, so a sampled request accepts draft x with probability p(x), which a higher
+    temperature lowers for the likely tokens that prompt lookup proposes."""
+    from ref_engine import LLM, SamplingParams  # the engine (torch) only where it runs
+
+    llm = LLM(model, speculative_method="ngram", num_speculative_tokens=k)
+    rows = []
+    for temperature in temperatures:
+        llm.llm_engine.step_records.clear()
+        params = [SamplingParams(max_tokens=output_len, temperature=temperature, seed=seed + i, ignore_eos=True)
+                  for i in range(len(prompts))]
+        llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        verified = [(d, a) for s in llm.llm_engine.step_records for _, d, a in s.verified]
+        drafted, accepted = sum(d for d, _ in verified), sum(a for _, a in verified)
+        by_position = tuple(sum(a > i for d, a in verified if d > i) / max(1, sum(d > i for d, _ in verified))
+                            for i in range(k))
+        rows.append({"temperature": temperature, "num_verifies": len(verified), "num_draft_tokens": drafted,
+                     "num_accepted_tokens": accepted, "acceptance_rate": accepted / drafted if drafted else 0.0,
+                     "tokens_per_verify": 1 + accepted / len(verified) if verified else 1.0,
+                     "acceptance_by_position": by_position})
+    return rows
+
+
+def draft_model_sweep(batch_sizes: Iterable[int], acceptance_rates: Iterable[float], *,
+                      target: str = "llama-3.1-70b", draft: str = "llama-3.1-8b", hardware: str = "h100-sxm",
+                      tensor_parallel_size: int = 4, k: int = 4, prompt_len: int = 512,
+                      output_len: int = 128) -> list[dict[str, Any]]:
+    """Simulated speed-up of a separate draft model over plain decoding (threshold off), per batch size and
+    assumed acceptance rate: the target and the draft both sharded over `tensor_parallel_size` devices, the
+    draft's k passes per step priced on its own dims (`DraftCostTimer`). Each row also carries `draft_cost`
+    (c: one draft pass over one plain target step, at this batch and context), `verify_cost` (the target's
+    verify step over a plain one) and `predicted` = tokens_per_step / (verify_cost + k c), the formula the
+    simulated speed-up follows while decode steps dominate the run."""
+    target_cost = Simulator(target, hardware, EngineConfig(num_kv_blocks=1), tensor_parallel_size=tensor_parallel_size
+                            ).cost_model
+    draft_cost = Simulator(draft, hardware, EngineConfig(num_kv_blocks=1), tensor_parallel_size=tensor_parallel_size
+                           ).cost_model
+    rows = []
+    for batch in batch_sizes:
+        workload = Workload.synthetic(batch, prompt_len, output_len, seed=batch)
+        config = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * (k + 1)),
+                              num_kv_blocks=batch * cdiv(prompt_len + output_len + k, EngineConfig.block_size) + 1)
+        plain = Simulator(target, hardware, config, tensor_parallel_size=tensor_parallel_size).run(workload)
+        decode = target_cost.step_time(BatchShape.decode(batch, prompt_len))
+        c = draft_cost.step_time(BatchShape.decode(batch, prompt_len)) / decode
+        verify = target_cost.step_time(BatchShape((k + 1,) * batch, (prompt_len,) * batch,
+                                                  num_logit_rows=(k + 1) * batch)) / decode
+        for a in acceptance_rates:
+            spec_config = config.replace(speculative_method="draft_model", speculative_model=draft,
+                                         num_speculative_tokens=k, speculative_disable_by_batch_size=None)
+            spec = Simulator(target, hardware, spec_config, tensor_parallel_size=tensor_parallel_size,
+                             acceptance=AcceptanceRate((a,), seed=batch)).run(workload)
+            rows.append({"batch": batch, "acceptance_rate": a, "plain_tok_s": plain.output_throughput,
+                         "spec_tok_s": spec.output_throughput,
+                         "speedup": spec.output_throughput / plain.output_throughput,
+                         "tokens_per_step": spec.mean_acceptance_length, "draft_cost": c, "verify_cost": verify,
+                         "predicted": expected_tokens_per_step(a, k) / (verify + k * c)})
+    return rows
+
+
+def measured_verify_cost(plain: RunMetrics, spec: RunMetrics, k: int = EngineConfig.num_speculative_tokens
+                         ) -> float:
+    """What the engine paid for a verify step of k drafts, in plain decode steps: the median duration of
+    `spec`'s steps in which every request ran 1 + k tokens over the median of `plain`'s steps in which every
+    request ran one token (two runs of the same prompts, so the same batch and similar contexts). Compare it
+    with `speculation_batch_sweep`'s `verify_cost`, the profile's price of the same step."""
+    verify = [s.duration for s in spec.steps if s.query_lens and all(q == k + 1 for q in s.query_lens)]
+    decode = [s.duration for s in plain.steps if s.query_lens and all(q == 1 for q in s.query_lens)]
+    if not verify or not decode:
+        raise ValueError("need steps in which every request verified k drafts, and plain decode steps")
+    return median(verify) / median(decode)

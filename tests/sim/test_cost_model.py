@@ -8,6 +8,7 @@ from itertools import pairwise
 
 import pytest
 
+from ref_engine.core.interfaces import ScheduledRequest, SchedulerOutput
 from ref_engine.model.arch_config import ArchConfig
 from sim.cost_model import (
     ROOFLINE_FEATURE_NAMES,
@@ -17,6 +18,7 @@ from sim.cost_model import (
     estimate_activation_bytes,
     kv_cache_num_blocks,
 )
+from sim.executor import CostModelTimer
 from sim.hardware import HardwareProfile
 
 # ---- a tiny model and a made-up profile with round numbers ----------------------------------------
@@ -109,6 +111,30 @@ def test_mid_prompt_chunk_needs_no_logits(tiny, toy_hw):
     assert cost.weight_bytes == 2384 + 4 * 16
     assert cost.kv_read_bytes == 32 * 8
     assert cost.num_blocks == 2
+
+
+def test_a_verify_step_pays_the_lm_head_on_every_draft(tiny, toy_hw):
+    # The simulator's timer prices a verify of k drafts with 1 + k logit rows, as the runner computes them
+    # (every draft is scored), and a plain decode or a mid-prompt chunk with 1 and 0.
+    timer = CostModelTimer(CostModel(tiny, toy_hw, block_size=4))
+
+    def step(*scheduled: ScheduledRequest) -> SchedulerOutput:
+        return SchedulerOutput(step_id=0, scheduled=list(scheduled))
+
+    verify = step(ScheduledRequest("a", [7] * 4, 6, [0, 1, 2], needs_logits=True, num_draft_tokens=3))
+    by_hand = CostModel(tiny, toy_hw, block_size=4).breakdown(BatchShape((4,), (6,), num_logit_rows=4))
+    # 4 tokens through the layers, and the lm_head (32 x 8) on all 4 rows: 2 * 1184 * 4 + 2 * 256 * 4
+    assert by_hand.linear_flops == 9472 + 2048 == 11520
+    assert by_hand.activation_bytes == 416 * 4 + 64 * 4 == 1920
+    assert timer.step_time(verify) == pytest.approx(by_hand.total_s)
+    one_row = CostModel(tiny, toy_hw, block_size=4).step_time(BatchShape((4,), (6,), num_logit_rows=1))
+    assert timer.step_time(verify) > one_row  # the under-priced LM head this test guards against
+    # two requests: a verify of 2 drafts and a plain decode (3 + 1 rows), next to a mid-prompt chunk (0 rows)
+    mixed = step(ScheduledRequest("a", [7] * 3, 6, [0, 1, 2], needs_logits=True, num_draft_tokens=2),
+                 ScheduledRequest("b", [7], 5, [3, 4], needs_logits=True),
+                 ScheduledRequest("c", [7] * 4, 0, [5], needs_logits=False))
+    expected = CostModel(tiny, toy_hw, block_size=4).step_time(BatchShape((3, 1, 4), (6, 5, 0), num_logit_rows=4))
+    assert timer.step_time(mixed) == pytest.approx(expected)
 
 
 def test_sum_combine_and_roofline_features(tiny, toy_hw):

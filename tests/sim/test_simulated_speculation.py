@@ -10,7 +10,7 @@ import pytest
 
 from ref_engine.core import EngineConfig, Workload
 from sim import Simulator
-from sim.spec_decode import AcceptanceRate, AcceptanceReplay, expected_tokens_per_step
+from sim.spec_decode import AcceptanceRate, AcceptanceReplay, break_even_acceptance, expected_tokens_per_step
 
 
 @pytest.mark.parametrize("a", [0.3, 0.6, 0.8, 0.95])
@@ -32,6 +32,21 @@ def test_formula_edges():
     assert expected_tokens_per_step(0.0, 5) == 1.0
     assert expected_tokens_per_step(1.0, 5) == 6.0
     assert expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)
+
+
+def test_break_even_acceptance_by_hand():
+    # k = 1, a verify costing 1.5 plain steps: 1 + a = 1.5, so a = 0.5
+    assert break_even_acceptance(1, 1.5) == pytest.approx(0.5)
+    # k = 2, drafts costing c = 0.25 each (1 + 2c = 1.5): 1 + a + a^2 = 1.5, a = (sqrt(3) - 1) / 2 = 0.366
+    assert break_even_acceptance(2, 1 + 2 * 0.25) == pytest.approx((math.sqrt(3) - 1) / 2)
+    # the interview bank's Q-SPEC-04: k = 5, a verify costing 2 plain steps, free drafts: a + ... + a^5 = 1
+    a = break_even_acceptance(5, 2.0)
+    assert a == pytest.approx(0.5086, abs=1e-4)
+    assert expected_tokens_per_step(a, 5) == pytest.approx(2.0)
+    assert break_even_acceptance(5, 1.0) == 0.0  # a verify as cheap as a plain step pays at any acceptance
+    assert break_even_acceptance(4, 5.0) == pytest.approx(1.0)  # only if every draft passes
+    with pytest.raises(ValueError, match="never pays"):
+        break_even_acceptance(4, 5.5)
 
 
 def test_speculation_needs_an_acceptance_model_and_the_reverse():
