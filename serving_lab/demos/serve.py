@@ -39,11 +39,12 @@ def run(context: DemoContext) -> DemoReport:
     sides = Sides(arch=context.model.arch, hardware=context.profile, measure=False)
     # (measured, simulated) rows as the other experiments make them: the request alone on both clocks ...
     prediction = simulated_request(one, sides, config)
-    slowdown = request_slowdown(one, sides)
+    slowdown, prefill_slowdown = request_slowdown(one, sides)
     alone = []
     for clock, column in (("engine core", "engine_core"), ("client", "client")):
         alone_on = {"requests": "one alone", "clock": clock}
-        alone += [{**alone_on, "side": "measured", "slowdown": slowdown, **{r["metric"]: r[column] for r in prediction}},
+        alone += [{**alone_on, "side": "measured", "slowdown": slowdown, "prefill_slowdown": prefill_slowdown,
+                   **{r["metric"]: r[column] for r in prediction}},
                   {**alone_on, "side": "simulated", **{r["metric"]: r["simulated"] for r in prediction}}]
     # ... and the burst's means on the core's clock
     queued = load_rows(burst, sides, config)

@@ -296,16 +296,19 @@ def simulated_request(traced: TracedRequest, sides: Sides, config: EngineConfig 
     return rows
 
 
-def request_slowdown(traced: TracedRequest, sides: Sides) -> float:
-    """`common.machine_slowdown` for a request that ran alone: the median, over its steps, of the core's
-    forward + sampling time over the cost model's price of that step (one row: its new tokens after its
-    cached context). About 1 while the machine is in the state its profile was fitted in; it gates the
-    timing claims of the experiments run beside it (`claims.machine_note(..., slowdowns=[...])`)."""
+def request_slowdown(traced: TracedRequest, sides: Sides) -> tuple[float, float]:
+    """`common.machine_slowdown` for a request that ran alone, as (the median over its steps, its first step
+    alone): the core's forward + sampling time over the cost model's price of that step (one row: its new
+    tokens after its cached context). About 1 while the machine is in the state its profile was fitted in;
+    both gate the timing claims of the experiments run beside it (`claims.machine_note(..., slowdowns=...)`).
+    The first step is the prefill, all of a TTFT's compute: one slow prefill moves the TTFT a lot and the
+    median of the decode steps not at all."""
     cost_model = sides.cost_model()
     sampled, scheduled = traced.times("sampled"), traced.times("scheduled")
-    return median((sampled[i] - scheduled[i])
-                  / cost_model.step_time(BatchShape((step["num_tokens"],), (step["num_computed_tokens"],)))
-                  for i, step in enumerate(traced.steps()))
+    ratios = [(sampled[i] - scheduled[i])
+              / cost_model.step_time(BatchShape((step["num_tokens"],), (step["num_computed_tokens"],)))
+              for i, step in enumerate(traced.steps())]
+    return median(ratios), ratios[0]
 
 
 def load_rows(load: list[TracedRequest], sides: Sides, config: EngineConfig) -> list[dict[str, Any]]:

@@ -63,6 +63,7 @@ def scenarios(draw):
         # weighted towards the combination that can preempt: continuous and paged
         scheduling=draw(st.sampled_from(["continuous", "continuous", "continuous", "static"])),
         kv_allocation=draw(st.sampled_from(["paged", "paged", "paged", "contiguous", "contiguous_exact"])),
+        enable_prefix_caching=draw(st.booleans()),
     )
     blocks_for_one_max_length_request = -(-max_model_len // block_size)
     num_kv_blocks = draw(st.integers(max(1, blocks_for_one_max_length_request // 2),
@@ -102,7 +103,9 @@ def test_every_request_finishes_or_is_refused_and_invariants_hold(scenario):
     # the KV pool is never overdrawn, and the budgets hold
     for step in metrics.steps:
         assert 0 <= step.kv_usage <= 1
-        assert step.num_live_tokens <= step.num_reserved_slots <= num_kv_blocks * config.block_size
+        assert step.num_reserved_slots <= num_kv_blocks * config.block_size
+        if not config.enable_prefix_caching:  # a block shared by k requests counts k times in the live tokens
+            assert step.num_live_tokens <= step.num_reserved_slots
         assert step.num_tokens <= config.max_num_batched_tokens
         assert 1 <= step.num_seqs <= config.max_num_seqs
         assert step.duration > 0
