@@ -135,25 +135,36 @@ def core_timed(engine: LLMEngine, seconds: dict[str, float]) -> None:
         setattr(scheduler, name, timed)
 
 
+def median_wall(run: Callable[[], None], repeats: int) -> float:
+    """Median wall seconds of `repeats` calls of `run`, timed without the profiler."""
+    walls = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        walls.append(time.perf_counter() - start)
+    return sorted(walls)[len(walls) // 2]
+
+
+def seconds_by_category(run: Callable[[], None], repeats: int) -> dict[str, float]:
+    """Seconds per call of `run` in each category, from `repeats` calls under torch.profiler."""
+    per_category = dict.fromkeys(CATEGORIES, 0.0)
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        for _ in range(repeats):
+            run()
+    for event in prof.events():
+        if is_operator(event) and top_level(event):
+            per_category[category(event)] += event.cpu_time_total / 1e6 / repeats
+    return per_category
+
+
 def breakdown(run: Callable[[], None], engine: LLMEngine, steps: int) -> dict[str, float]:
     """Milliseconds per step by category, from `steps` calls of `run` (one step each)."""
     run()  # warm-up
     seconds: dict[str, float] = defaultdict(float)
     core_timed(engine, seconds)
-    walls = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        run()
-        walls.append(time.perf_counter() - start)
+    wall = median_wall(run, steps)
     core = seconds["core"] / steps
-    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
-        for _ in range(steps):
-            run()
-    per_category: dict[str, float] = defaultdict(float)
-    for event in prof.events():
-        if is_operator(event) and top_level(event):
-            per_category[category(event)] += event.cpu_time_total / 1e6 / steps
-    wall = sorted(walls)[len(walls) // 2]
+    per_category = seconds_by_category(run, steps)
     result = {name: per_category[name] * 1e3 for name in CATEGORIES}
     result["core (schedule + update)"] = core * 1e3
     result["Python, runner and model"] = max(0.0, wall - sum(per_category.values()) - core) * 1e3
@@ -175,7 +186,8 @@ def main() -> None:
     loaded = load_model(None, dtype=args.dtype, quantization=args.quantization)
     print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; {loaded.model_id}, dtype {args.dtype}, "
-          f"quantization {args.quantization}, kv_cache_dtype {args.kv_cache_dtype}; median wall of {args.steps} steps, categories from torch.profiler")
+          f"quantization {args.quantization}, kv_cache_dtype {args.kv_cache_dtype}; median wall of {args.steps} "
+          "steps, categories from torch.profiler")
     columns: dict[str, dict[str, float]] = {}
     for batch in args.batches:
         engine = decode_engine(loaded, batch, args.kv_cache_dtype)

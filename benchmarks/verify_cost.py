@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 
 import torch
-from step_profile import CATEGORIES, category, is_operator, top_level
-from torch.profiler import ProfilerActivity, profile
+from step_profile import CATEGORIES, median_wall, seconds_by_category
 
 from ref_engine.attention import AttentionMetadata, allocate_kv_cache
 from ref_engine.model.loader import LoadedModel, load_model
@@ -53,19 +51,9 @@ def measure(loaded: LoadedModel, query_lens: list[int], context: int, all_rows_l
         forward(loaded, kv_caches, query_lens, context, all_rows_logits)
 
     run()  # warm-up
-    walls = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        walls.append(time.perf_counter() - start)
-    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
-        for _ in range(repeats):
-            run()
-    result = dict.fromkeys(CATEGORIES, 0.0)
-    for event in prof.events():
-        if is_operator(event) and top_level(event):
-            result[category(event)] += event.cpu_time_total / 1e3 / repeats
-    result["wall"] = sorted(walls)[len(walls) // 2] * 1e3
+    wall = median_wall(run, repeats)
+    result = {name: seconds * 1e3 for name, seconds in seconds_by_category(run, repeats).items()}
+    result["wall"] = wall * 1e3
     return result
 
 

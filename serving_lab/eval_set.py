@@ -77,7 +77,8 @@ def greedy_continuations(loaded: LoadedModel, prompt_ids: list[list[int]], max_t
     """`max_tokens` greedy tokens after each prompt (EOS ignored, so every continuation is full length),
     generated in one continuously batched run."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    outputs = LLM(loaded, kv_cache_dtype=kv_cache_dtype).generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+    llm = LLM(loaded, kv_cache_dtype=kv_cache_dtype)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 

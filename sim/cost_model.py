@@ -146,6 +146,12 @@ class BatchShape:
         return cls((1,) * batch_size, (context_len,) * batch_size)
 
     @classmethod
+    def verify(cls, batch_size: int, context_len: int, k: int) -> BatchShape:
+        """`batch_size` requests each verifying k drafts after `context_len` cached tokens: 1 + k tokens, with
+        logits on every one of them (each draft is scored)."""
+        return cls((1 + k,) * batch_size, (context_len,) * batch_size, num_logit_rows=(1 + k) * batch_size)
+
+    @classmethod
     def prefill(cls, prompt_len: int, num_prompts: int = 1) -> BatchShape:
         """`num_prompts` whole prompts of `prompt_len` tokens, nothing cached."""
         return cls((prompt_len,) * num_prompts, (0,) * num_prompts)

@@ -15,7 +15,7 @@ from ref_engine.core.math_utils import cdiv
 from ref_engine.core.metrics import RunMetrics
 from ref_engine.core.workload import Workload
 from serving_lab.experiments.common import Sides, machine_slowdown, metrics_row
-from sim.cost_model import BatchShape
+from sim.cost_model import BatchShape, CostModel
 from sim.simulator import Simulator
 from sim.spec_decode import AcceptanceRate, AcceptanceReplay, expected_tokens_per_step
 
@@ -124,11 +124,15 @@ def speculation_batch_sweep(batch_sizes: Iterable[int], acceptance_rate: float, 
         rows.append({"batch": batch, "plain_tok_s": plain.output_throughput, "spec_tok_s": spec.output_throughput,
                      "speedup": spec.output_throughput / plain.output_throughput,
                      "tokens_per_step": spec.mean_acceptance_length,
-                     "verify_cost": cost_model.step_time(BatchShape((k + 1,) * batch, (prompt_len,) * batch,
-                                                                    num_logit_rows=(k + 1) * batch))
-                     / cost_model.step_time(BatchShape.decode(batch, prompt_len))})
+                     "verify_cost": priced_verify_cost(cost_model, batch, prompt_len, k)})
     return rows
 
+
+def priced_verify_cost(cost_model: CostModel, batch: int, context_len: int, k: int) -> float:
+    """The cost model's price of a verify step (every request checking k drafts) over that of a plain decode
+    step, at this batch and context."""
+    return (cost_model.step_time(BatchShape.verify(batch, context_len, k))
+            / cost_model.step_time(BatchShape.decode(batch, context_len)))
 
 
 def measured_batch_sweep(tokenizer: Any, batch_sizes: Iterable[int], sides: Sides, *, output_len: int = 48,
@@ -192,10 +196,9 @@ def draft_model_sweep(batch_sizes: Iterable[int], acceptance_rates: Iterable[flo
         config = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * (k + 1)),
                               num_kv_blocks=batch * cdiv(prompt_len + output_len + k, EngineConfig.block_size) + 1)
         plain = Simulator(target, hardware, config, tensor_parallel_size=tensor_parallel_size).run(workload)
-        decode = target_cost.step_time(BatchShape.decode(batch, prompt_len))
-        c = draft_cost.step_time(BatchShape.decode(batch, prompt_len)) / decode
-        verify = target_cost.step_time(BatchShape((k + 1,) * batch, (prompt_len,) * batch,
-                                                  num_logit_rows=(k + 1) * batch)) / decode
+        c = (draft_cost.step_time(BatchShape.decode(batch, prompt_len))
+             / target_cost.step_time(BatchShape.decode(batch, prompt_len)))
+        verify = priced_verify_cost(target_cost, batch, prompt_len, k)
         for a in acceptance_rates:
             spec_config = config.replace(speculative_method="draft_model", speculative_model=draft,
                                          num_speculative_tokens=k, speculative_disable_by_batch_size=None)

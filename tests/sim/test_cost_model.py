@@ -122,7 +122,8 @@ def test_a_verify_step_pays_the_lm_head_on_every_draft(tiny, toy_hw):
         return SchedulerOutput(step_id=0, scheduled=list(scheduled))
 
     verify = step(ScheduledRequest("a", [7] * 4, 6, [0, 1, 2], needs_logits=True, num_draft_tokens=3))
-    by_hand = CostModel(tiny, toy_hw, block_size=4).breakdown(BatchShape((4,), (6,), num_logit_rows=4))
+    assert BatchShape.verify(1, 6, 3) == BatchShape((4,), (6,), num_logit_rows=4)
+    by_hand = CostModel(tiny, toy_hw, block_size=4).breakdown(BatchShape.verify(1, 6, 3))
     # 4 tokens through the layers, and the lm_head (32 x 8) on all 4 rows: 2 * 1184 * 4 + 2 * 256 * 4
     assert by_hand.linear_flops == 9472 + 2048 == 11520
     assert by_hand.activation_bytes == 416 * 4 + 64 * 4 == 1920
