@@ -109,7 +109,7 @@ class CostModelTimer:
         query_lens, context_lens = output.batch_shape
         # Only rows that sample or verify pay for the lm_head (as in the real runner): a mid-prompt chunk needs
         # none, a plain decode or a prompt's last chunk one, a verify of k drafts 1 + k (every draft is scored).
-        num_logit_rows = sum(1 + s.num_draft_tokens for s in output.scheduled if s.needs_logits)
+        num_logit_rows = sum([1 + s.num_draft_tokens for s in output.scheduled if s.needs_logits])  # a list: faster
         return self.cost_model.step_time(BatchShape(query_lens, context_lens, num_logit_rows=num_logit_rows))
 
 
