@@ -6,17 +6,24 @@ lessons care about (decode at several batch sizes and context lengths, prefill c
 mixed steps), log every step (`StepRecord`: its batch shape and wall time), and fit the cost model's
 "sum" form (sim/cost_model.py):
 
-    step time = step_overhead + per_seq * N + per_token * T + per_block * blocks
-                + linear FLOPs / F + attention FLOPs / (F * attention_efficiency) + bytes / BW
+    step time = step_overhead + per_seq * N + per_block * blocks
+                + linear FLOPs / F + attention FLOPs / (F * attention_efficiency)
+                + (bytes + packing_passes * weight bytes packed) / BW
 
-which is linear in the unknowns (the overheads, 1/F and 1/(F * attention_efficiency)), so non-negative
-least squares fits them. Attention gets its own rate because our pure-torch attention (masks, softmax,
-block gathers) runs far below the matmul rate, and long prompts are mostly attention. On a
-CPU compute and memory traffic do not overlap well, so the sum is also the better physics. BW is not
-fitted but measured by a copy micro-benchmark first: every step reads all the weights, so a fitted BW
-would trade off freely against the step overhead (the fit cannot tell "538 MB at 27 GB/s" from "20 ms of
-Python"), and a measured one keeps both numbers meaningful. The fitted numbers are the *effective* ones
-that predict this engine, not the chip's peak, and the profile says so.
+which is linear in the unknowns (the overheads, 1/F, 1/(F * attention_efficiency) and packing_passes / BW),
+so non-negative least squares fits them. Attention gets its own rate because our pure-torch attention
+(masks, softmax, block gathers) runs far below the matmul rate, and long prompts are mostly attention.
+The packing term is the weight pass a CPU GEMM of two or more rows adds over a one-row GEMV (sim/cost_model.py):
+without it a speculative verify (a few rows of one request) was priced 20-25% low, and batch 1 15% high. On a
+CPU compute and memory traffic do not overlap well, so the sum is also the better physics.
+
+Two unknowns are not fitted, because the grid cannot tell them from others. BW is measured by a copy
+micro-benchmark first: every step reads all the weights, so a fitted BW would trade off freely against the
+step overhead (the fit cannot tell "538 MB at 27 GB/s" from "20 ms of Python"). And the per-token overhead
+is left at 0: linear FLOPs are 2 x parameters per token, so a per-token cost and 1/F are the same column
+(an earlier fit that had both put everything on the overhead and read F as 1e30 FLOP/s). Without it F reads
+as what it is, the engine's effective matmul rate. The fitted numbers are the *effective* ones that predict
+this engine, not the chip's peak, and the profile says so.
 
 The profile is valid only for what it was measured on: it records device, dtype, threads, torch version,
 model, attention path and date, and the fit error per calibration point. It also records how steady the
@@ -47,11 +54,11 @@ from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import RunMetrics, StepRecord
 from ref_engine.core.workload import Workload
 from ref_engine.model.arch_config import ArchConfig
-from sim.cost_model import ROOFLINE_UNKNOWNS, SMALL_BATCH_KNEES, BatchShape, CostModel
+from sim.cost_model import ROOFLINE_FEATURE_NAMES, ROOFLINE_UNKNOWNS, BatchShape, CostModel
 from sim.hardware import HardwareProfile
 
 # What the fit solves for; a saved profile fitted to another form is stale (load_or_calibrate refits).
-FIT_FORM = f"sum; overheads per step, seq, token, block, first {SMALL_BATCH_KNEES} tokens; flops; attention"
+FIT_FORM = "sum; overheads per step, seq, block; flops; attention; weight packing passes"
 
 # (name, number of requests, prompt length, output length, token budget); every request arrives at once.
 # Decode points: B requests decode together at context ~prompt length. Prefill points: one prompt, one
@@ -64,6 +71,10 @@ CALIBRATION_GRID: tuple[tuple[str, int, int, int, int], ...] = (
     ("prefill", 1, 1024, 1, 1024), ("prefill", 1, 1024, 1, 256),
     ("mixed", 12, 300, 16, 128),
 )
+
+# The unknowns the fit solves for: all of the sum form's but the per-token overhead (the same column as
+# 1/FLOP/s, see the module docstring) and 1/BW (measured).
+FITTED = tuple(u for u in ROOFLINE_UNKNOWNS if u not in ("per_token_overhead_s", "seconds_per_byte"))
 
 # Rows of CALIBRATION_GRID timed again when a saved profile over `REFIT_AFTER_S` old is loaded and around each fidelity case
 # (decode 4 x 64, prefill 1 x 256: about a second each), and the relative change in their time beyond which
@@ -220,15 +231,16 @@ def fit_profile(arch: ArchConfig, steps: list[tuple[str, StepRecord]], *, dtype:
                 ) -> tuple[HardwareProfile, list[CalibrationPoint]]:
     """Fit the overheads and the effective FLOP/s of the sum form to measured steps, with the memory
     bandwidth given (measured separately); returns the profile and per-point errors."""
-    if len(steps) < len(ROOFLINE_UNKNOWNS):
-        raise ValueError(f"need at least {len(ROOFLINE_UNKNOWNS)} measured steps to fit, got {len(steps)}")
+    if len(steps) < len(FITTED):
+        raise ValueError(f"need at least {len(FITTED)} measured steps to fit, got {len(steps)}")
     # Any positive rates will do for building features: roofline_features does not depend on them.
     probe = HardwareProfile(name="probe", peak_flops={dtype: 1.0}, memory_bandwidth=1.0, memory_bytes=0,
                             combine="sum")
     features_of = CostModel(arch, probe, dtype=dtype, block_size=block_size).roofline_features
-    shapes = [BatchShape(s.query_lens, s.context_lens) for _, s in steps]
+    shapes = [BatchShape.from_step(s) for _, s in steps]
     features = np.array([features_of(shape) for shape in shapes])
-    X, bytes_moved = features[:, :-1], features[:, -1]  # the last feature (bytes) has a known price
+    X = features[:, [ROOFLINE_UNKNOWNS.index(u) for u in FITTED]]
+    bytes_moved = features[:, ROOFLINE_FEATURE_NAMES.index("bytes_per_device")]  # a known price: 1 / BW
     y = np.array([s.duration for _, s in steps])
     memory_s = bytes_moved / memory_bandwidth
     # Weight rows by 1/time so that small (decode) steps count as much as big prefills (the fit then
@@ -237,14 +249,15 @@ def fit_profile(arch: ArchConfig, steps: list[tuple[str, StepRecord]], *, dtype:
     kinds = [kind for kind, _ in steps]
     w = 1.0 / (y * np.array([kinds.count(kind) for kind in kinds]))
     coef, _ = nnls(X * w[:, None], (y - memory_s) * w)
-    step_s, seq_s, token_s, block_s, small_8_s, small_32_s, s_per_flop, s_per_attention_flop = coef
+    fitted = dict(zip(FITTED, coef))
     tiny = 1e-30  # 1/F fitted to 0 would mean compute is never the bottleneck: an effectively infinite rate
+    s_per_flop = max(fitted["seconds_per_flop"], tiny)
     profile = HardwareProfile(
-        name=name, peak_flops={dtype: 1.0 / max(s_per_flop, tiny)},
-        attention_efficiency=max(s_per_flop, tiny) / max(s_per_attention_flop, tiny),
-        memory_bandwidth=memory_bandwidth, memory_bytes=0.0, step_overhead_s=step_s,
-        per_seq_overhead_s=seq_s, per_token_overhead_s=token_s, per_block_overhead_s=block_s,
-        small_batch_token_overheads_s=(small_8_s, small_32_s),
+        name=name, peak_flops={dtype: 1.0 / s_per_flop},
+        attention_efficiency=s_per_flop / max(fitted["seconds_per_attention_flop"], tiny),
+        memory_bandwidth=memory_bandwidth, memory_bytes=0.0, step_overhead_s=fitted["step_overhead_s"],
+        per_seq_overhead_s=fitted["per_seq_overhead_s"], per_block_overhead_s=fitted["per_block_overhead_s"],
+        weight_packing_passes=fitted["seconds_per_packed_byte"] * memory_bandwidth,
         combine="sum", source="calibrated",
         notes="Effective rates and overheads of ref_engine on this machine (not the chip's peak); valid only "
               "for the device, dtype, threads and model in provenance.",

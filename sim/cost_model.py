@@ -31,9 +31,16 @@ FLOPs (multiply-add = 2 FLOPs)
 
 Bytes moved through memory (read once per step; caches and fusion are ignored)
     weight_bytes     = P * b + H * a  +  V * H * a  [if R > 0]  +  T * H * a
+                       + weight_packing_passes * (P * b [if T >= 2]  +  V * H * a [if R >= 2])
                        all layer weights and the final norm, the whole lm_head matrix when any row needs
                        logits, and of the embedding table ONLY the T gathered rows (a lookup is not a
                        matmul; reading the whole table would wrongly price a 1 GB read into every step).
+                       The last line is a CPU's: a matrix product of one row (GEMV) streams the weights
+                       once, but one of two or more rows (GEMM) first copies them into cache-sized panels
+                       ("packing"), extra passes over every weight. On the course machine one decode row
+                       cost 18 ms of matmuls and two rows 42 ms, then nearly flat to 16 rows. Calibration
+                       fits the passes (about 1.5); datasheet profiles have 0 (a GPU GEMM reads its
+                       weights from HBM once).
     kv_read_bytes    = kv * sum_i (c_i + q_i)      attention reads the whole context, new tokens included
     kv_write_bytes   = kv * T                      the new tokens' K and V are written once
     activation_bytes = L * T * (4H + 2*nh*d + 2*n_kv_heads*d + 3*I) * a  +  R * V * a
@@ -51,10 +58,6 @@ Time (seconds)
     overhead_s = step_overhead_s + per_seq_overhead_s * N + per_token_overhead_s * T
                  + per_block_overhead_s * blocks,    blocks = sum_i ceil((c_i + q_i) / block_size)
                  (or BatchShape.num_blocks_touched when the caller knows it)
-                 + s_8 * min(T, 8) + s_32 * min(T, 32)    (small_batch_token_overheads_s = (s_8, s_32))
-                 a step's first tokens cost extra where matrix products with few rows run far below peak
-                 (a CPU): with s_8, s_32 >= 0, time stays linear in T past 32 tokens but is steeper below,
-                 the concave decode curve a CPU shows (45 ms at batch 1, 95 at 8, 175 at 64 here)
     comm_s     = 0 if tp == 1, else 2 * L all-reduces (after attention and after the MLP) of T * H * a bytes,
                  each costing interconnect_latency_s + 2 * (tp - 1) / tp * (T * H * a)
                  / (interconnect_bandwidth * interconnect_efficiency)
@@ -84,6 +87,7 @@ from typing import Literal
 
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.kv_sizing import num_kv_blocks
+from ref_engine.core.metrics import StepRecord
 from ref_engine.model.arch_config import ArchConfig
 from sim.hardware import HardwareProfile, dtype_bytes
 
@@ -139,6 +143,11 @@ class BatchShape:
         pairs = list(pairs)
         return cls(tuple(q for q, _ in pairs), tuple(c for _, c in pairs), num_blocks_touched,
                    num_logit_rows)
+
+    @classmethod
+    def from_step(cls, step: StepRecord) -> BatchShape:
+        """The shape of one executed step (the engine's or the simulator's), logit rows included."""
+        return cls(step.query_lens, step.context_lens, num_logit_rows=step.num_logit_rows)
 
     @classmethod
     def decode(cls, batch_size: int, context_len: int) -> BatchShape:
@@ -205,14 +214,12 @@ class StepCost:
 
 # Unknowns of the "sum" form, in the order of `CostModel.roofline_features`:
 # total_s - comm_s = features . (step_overhead_s, per_seq_overhead_s, per_token_overhead_s,
-#                                per_block_overhead_s, s_8, s_32, 1 / peak_flops,
-#                                1 / (peak_flops * attention_efficiency), 1 / memory_bandwidth)
-SMALL_BATCH_KNEES = (8, 32)  # tokens: a step's first 8 and first 32 tokens carry an extra fitted cost each
-ROOFLINE_FEATURE_NAMES = ("steps", "seqs", "tokens", "blocks", "tokens_up_to_8", "tokens_up_to_32",
-                          "linear_flops_per_device", "attention_flops_per_device", "bytes_per_device")
+#                                per_block_overhead_s, 1 / peak_flops, 1 / (peak_flops * attention_efficiency),
+#                                weight_packing_passes / memory_bandwidth, 1 / memory_bandwidth)
+ROOFLINE_FEATURE_NAMES = ("steps", "seqs", "tokens", "blocks", "linear_flops_per_device",
+                          "attention_flops_per_device", "packed_weight_bytes_per_device", "bytes_per_device")
 ROOFLINE_UNKNOWNS = ("step_overhead_s", "per_seq_overhead_s", "per_token_overhead_s", "per_block_overhead_s",
-                     "small_batch_token_s_8", "small_batch_token_s_32", "seconds_per_flop",
-                     "seconds_per_attention_flop", "seconds_per_byte")
+                     "seconds_per_flop", "seconds_per_attention_flop", "seconds_per_packed_byte", "seconds_per_byte")
 
 
 def activation_dtype(dtype: str, hardware: HardwareProfile) -> str:
@@ -271,6 +278,7 @@ class CostModel:
         # bytes
         self._layer_weight_bytes = layer_params * b + H * a  # decoder layers + final norm
         self._lm_head_bytes = V * H * a
+        self._packing_passes = hardware.weight_packing_passes
         self._embedding_bytes_per_token = H * a
         self._kv_bytes_per_token = arch.kv_bytes_per_token(dtype_bytes(self.kv_cache_dtype))
         self._activation_bytes_per_token = L * (4 * H + 2 * arch.q_size + 2 * arch.kv_size
@@ -305,22 +313,23 @@ class CostModel:
         return tokens, pairs2 // 2, ctx_read, blocks
 
     def _flops_and_bytes(self, shape: BatchShape, tokens: int, pairs: int, ctx_read: int
-                         ) -> tuple[float, float, float, float, float, float, int]:
+                         ) -> tuple[float, float, float, float, float, float, float]:
         rows = shape.num_seqs if shape.num_logit_rows is None else shape.num_logit_rows
         linear = self._flops_per_token * tokens + self._flops_per_logit_row * rows
         attention = self._attn_flops_per_pair * pairs
+        packed = ((self._layer_weight_bytes if tokens > 1 else 0)  # weights a multi-row GEMM packs
+                  + (self._lm_head_bytes if rows > 1 else 0))
         weights = (self._layer_weight_bytes + (self._lm_head_bytes if rows else 0)
                    + self._embedding_bytes_per_token * tokens)
         kv_read = self._kv_bytes_per_token * ctx_read
         kv_write = self._kv_bytes_per_token * tokens
         activations = self._activation_bytes_per_token * tokens + self._activation_bytes_per_logit_row * rows
-        return linear, attention, weights, kv_read, kv_write, activations, rows
+        return linear, attention, weights, kv_read, kv_write, activations, packed
 
     def _overhead_s(self, num_seqs: int, tokens: int, blocks: int) -> float:
         hw = self.hardware
-        small = sum(c * min(tokens, knee) for c, knee in zip(hw.small_batch_token_overheads_s, SMALL_BATCH_KNEES))
         return (hw.step_overhead_s + hw.per_seq_overhead_s * num_seqs + hw.per_token_overhead_s * tokens
-                + hw.per_block_overhead_s * blocks + small)
+                + hw.per_block_overhead_s * blocks)
 
     def step_time(self, shape: BatchShape) -> float:
         """Seconds for one engine step running `shape`."""
@@ -336,8 +345,9 @@ class CostModel:
     def breakdown(self, shape: BatchShape) -> StepCost:
         """Every FLOP, byte and second of one step (`step_time` is its `total_s`)."""
         tokens, pairs, ctx_read, blocks = self._batch_sums(shape)
-        linear, attention, weights, kv_read, kv_write, activations, _ = self._flops_and_bytes(
+        linear, attention, weights, kv_read, kv_write, activations, packed = self._flops_and_bytes(
             shape, tokens, pairs, ctx_read)
+        weights += self._packing_passes * packed
         compute_s = linear * self._seconds_per_flop + attention * self._seconds_per_attention_flop
         memory_s = (weights + kv_read + kv_write + activations) * self._seconds_per_byte
         core = max(compute_s, memory_s) if self.combine == "max" else compute_s + memory_s
@@ -351,25 +361,43 @@ class CostModel:
             bound="compute" if compute_s >= memory_s else "memory",
         )
 
+    def block_copy_time(self, num_swapped: int, num_copied: int) -> float:
+        """Seconds to carry out a step's copy plan before its forward pass (ref_engine/runner.py does it the
+        same way): `num_swapped` KV blocks moved between device and host memory (either way; preemption by
+        swap), `num_copied` blocks copied within the device (copy-on-write of a fully cached prompt's last
+        block).
+
+            swap  = num_swapped * block_bytes / host_link_bandwidth       over PCIe, when the profile has one
+            copy  = num_copied * block_bytes * 4 / effective bandwidth    the runner gathers the blocks into a
+                                                                          temporary, then scatters them: each
+                                                                          byte is read and written twice
+        where block_bytes = kv_bytes_per_token * block_size / tp (each device moves its own shard). On a CPU
+        (host_link_bandwidth 0) the host pool sits in the same DRAM, so a swap is priced as a copy. Fixed
+        costs per copy call are left out; lesson 2's `SwapLink` prices them as a what-if."""
+        block_bytes = self._kv_bytes_per_token * self.block_size
+        host_link = self.hardware.host_link_bandwidth * self.tensor_parallel_size
+        copied = num_copied if host_link else num_copied + num_swapped
+        swap_s = num_swapped * block_bytes / host_link if host_link else 0.0
+        return swap_s + copied * block_bytes * 4 * self._seconds_per_byte
+
     # -- for the calibrator --
 
     def roofline_features(self, shape: BatchShape) -> tuple[float, ...]:
         """Design-matrix row of the "sum" form, in the order of ROOFLINE_FEATURE_NAMES.
 
         With combine="sum", step_time(shape) - comm_s == dot(features, unknowns), the unknowns being
-        ROOFLINE_UNKNOWNS (step, per-seq, per-token, per-block and small-batch overheads, 1 / peak FLOP/s,
-        1 / attention FLOP/s, 1 / bandwidth).
+        ROOFLINE_UNKNOWNS (step, per-seq, per-token and per-block overheads, 1 / peak FLOP/s,
+        1 / attention FLOP/s, packing passes / bandwidth, 1 / bandwidth).
         Beware collinearity when fitting one model: the weight bytes are nearly constant per step, so
         1/bandwidth trades off against step_overhead_s, and linear FLOPs are proportional to tokens, so
-        1/FLOP/s trades off against per_token_overhead_s. Measure bandwidth and FLOP/s with
-        micro-benchmarks, or fit across several models or dtypes, before fitting the overheads.
+        1/FLOP/s trades off against per_token_overhead_s. serving_lab/calibrate.py measures the bandwidth
+        with a micro-benchmark and leaves the per-token overhead out.
         """
         tokens, pairs, ctx_read, blocks = self._batch_sums(shape)
-        linear, attention, weights, kv_read, kv_write, activations, _ = self._flops_and_bytes(
+        linear, attention, weights, kv_read, kv_write, activations, packed = self._flops_and_bytes(
             shape, tokens, pairs, ctx_read)
         tp = self.tensor_parallel_size
-        small = tuple(float(min(tokens, knee)) for knee in SMALL_BATCH_KNEES)
-        return (1.0, float(shape.num_seqs), float(tokens), float(blocks), *small, linear / tp, attention / tp,
+        return (1.0, float(shape.num_seqs), float(tokens), float(blocks), linear / tp, attention / tp, packed / tp,
                 (weights + kv_read + kv_write + activations) / tp)
 
     # -- between machines --

@@ -94,23 +94,30 @@ class StepTimer(Protocol):
 
 
 class ShapePricer(Protocol):
-    """Prices a `BatchShape`: a `CostModel`, or a `PipelineCostModel` (sim/pipeline.py)."""
+    """Prices a `BatchShape` and a step's KV block copies: a `CostModel`, or a `PipelineCostModel` (sim/pipeline.py)."""
 
     def step_time(self, shape: BatchShape) -> float: ...
 
+    def block_copy_time(self, num_swapped: int, num_copied: int) -> float: ...
+
 
 class CostModelTimer:
-    """Prices each step with a `CostModel` (or any `ShapePricer`), from the batch shape the scheduler chose."""
+    """Prices each step with a `CostModel` (or any `ShapePricer`): the batch shape the scheduler chose, plus the
+    KV blocks its plan swaps or copies (`copy_time`)."""
 
     def __init__(self, cost_model: ShapePricer) -> None:
         self.cost_model = cost_model
 
     def step_time(self, output: SchedulerOutput) -> float:
         query_lens, context_lens = output.batch_shape
-        # Only rows that sample or verify pay for the lm_head (as in the real runner): a mid-prompt chunk needs
-        # none, a plain decode or a prompt's last chunk one, a verify of k drafts 1 + k (every draft is scored).
-        num_logit_rows = sum([1 + s.num_draft_tokens for s in output.scheduled if s.needs_logits])  # a list: faster
-        return self.cost_model.step_time(BatchShape(query_lens, context_lens, num_logit_rows=num_logit_rows))
+        seconds = self.cost_model.step_time(BatchShape(query_lens, context_lens, num_logit_rows=output.num_logit_rows))
+        if output.swap_out or output.swap_in or output.copy_blocks:
+            seconds += self.copy_time(output)
+        return seconds
+
+    def copy_time(self, output: SchedulerOutput) -> float:
+        """Seconds of the step's swap-out, swap-in and copy-on-write plan."""
+        return self.cost_model.block_copy_time(len(output.swap_out) + len(output.swap_in), len(output.copy_blocks))
 
 
 class ReplayTimer:

@@ -14,11 +14,13 @@ What a profile holds, and why these numbers and no others
     per_token_overhead_s    cost per token in the batch that FLOPs and bytes do not explain
     per_block_overhead_s    cost per KV block touched: block-table indexing and scattered small reads.
                             It is what makes tiny blocks slow, the left side of the block-size U-shape
-    small_batch_token_overheads_s
-                            extra cost per token for the first 8 and the first 32 tokens of a step
-                            (`cost_model.SMALL_BATCH_KNEES`): a matrix product with few rows runs far below
-                            peak on a CPU, so a step's first tokens cost more than later ones, and decode
-                            time is concave in batch size. Fitted by calibration; empty on datasheets
+    weight_packing_passes   extra passes over the weights that a matrix product of two or more rows makes:
+                            a CPU GEMM first copies ("packs") its weight operand into cache-sized panels,
+                            a one-row GEMV streams it once. It is why a CPU decode step jumps from batch 1
+                            to batch 2 and then stays nearly flat. Fitted by calibration; 0 on datasheets
+    host_link_bandwidth     bytes/s per direction between device and host memory (PCIe), which swapped-out KV
+                            blocks cross (preemption by swap); 0 where the host pool is in the device's own
+                            memory (a CPU: a swap is a copy within DRAM, priced like copy-on-write)
     interconnect_*          GPU-to-GPU link inside one machine (NVLink): tensor-parallel all-reduces
     network_*               link between machines (InfiniBand/Ethernet): KV transfer in PD disaggregation
 
@@ -85,7 +87,8 @@ class HardwareProfile:
     per_seq_overhead_s: float = 0.0
     per_token_overhead_s: float = 0.0
     per_block_overhead_s: float = 0.0
-    small_batch_token_overheads_s: tuple[float, ...] = ()  # one per cost_model.SMALL_BATCH_KNEES
+    weight_packing_passes: float = 0.0
+    host_link_bandwidth: float = 0.0  # bytes/s per direction, device <-> host memory (PCIe); 0 = same memory
     interconnect_bandwidth: float = 0.0  # bytes/s per direction per device (NVLink), 0 = none
     interconnect_latency_s: float = 0.0  # fixed cost of one collective / one message
     network_bandwidth: float = 0.0  # bytes/s per device between machines, 0 = none
@@ -130,13 +133,10 @@ class HardwareProfile:
             raise ValueError(f"profile {self.name!r}: combine must be 'max' or 'sum', got {self.combine!r}")
         for knob in ("step_overhead_s", "per_seq_overhead_s", "per_token_overhead_s",
                      "per_block_overhead_s", "interconnect_bandwidth", "interconnect_latency_s",
-                     "network_bandwidth", "network_latency_s", "memory_bytes"):
+                     "network_bandwidth", "network_latency_s", "memory_bytes", "weight_packing_passes",
+                     "host_link_bandwidth"):
             if getattr(self, knob) < 0:
                 raise ValueError(f"profile {self.name!r}: {knob} must be >= 0, got {getattr(self, knob)}")
-        self.small_batch_token_overheads_s = tuple(self.small_batch_token_overheads_s)  # JSON gives a list
-        if len(self.small_batch_token_overheads_s) > 2 or any(c < 0 for c in self.small_batch_token_overheads_s):
-            raise ValueError(f"profile {self.name!r}: small_batch_token_overheads_s must hold at most 2 values "
-                             f">= 0, got {self.small_batch_token_overheads_s}")
 
     def flops_for(self, dtype: str) -> float:
         """Peak dense FLOP/s for `dtype`; ValueError naming the dtypes this profile knows."""
@@ -196,10 +196,10 @@ class HardwareProfile:
             per_seq_overhead_s=self.per_seq_overhead_s * factor,
             per_token_overhead_s=self.per_token_overhead_s * factor,
             per_block_overhead_s=self.per_block_overhead_s * factor,
-            small_batch_token_overheads_s=tuple(c * factor for c in self.small_batch_token_overheads_s),
             interconnect_bandwidth=self.interconnect_bandwidth / factor,
             interconnect_latency_s=self.interconnect_latency_s * factor,
             network_bandwidth=self.network_bandwidth / factor,
+            host_link_bandwidth=self.host_link_bandwidth / factor,
             network_latency_s=self.network_latency_s * factor,
             provenance={**self.provenance, "retimed_from": self.name, "time_factor": factor},
         )
@@ -212,6 +212,8 @@ class HardwareProfile:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HardwareProfile:
         known = {f.name for f in fields(cls)}
+        # Read past the terms of an older fit form; such a profile's fit_form is stale, so load_or_calibrate refits it.
+        data = {key: value for key, value in data.items() if key not in RETIRED_FIELDS}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown hardware profile field(s): {', '.join(sorted(unknown))}")
@@ -304,6 +306,8 @@ _GPU_NOTE = (
 )
 
 MIB = 2**20
+
+RETIRED_FIELDS = frozenset({"small_batch_token_overheads_s"})  # saved by calibrations before weight_packing_passes
 FIT_PATH = Path(__file__).parent / "data" / "gpu_fit.json"
 
 # Fitted terms a GPU profile takes from FIT_PATH (everything else is its datasheet).
@@ -323,6 +327,9 @@ def _with_fit(datasheet: HardwareProfile) -> HardwareProfile:
 
 
 # Overheads before a fit: ~1 ms per step, ~10 us per request, ~0.1 us per KV block.
+# Host links are assumptions, not fitted: what a large pinned copy reaches over PCIe x16 per direction,
+# ~25 GB/s on Gen4 (32 on paper) and ~50 GB/s on Gen5 (64 on paper).
+PCIE4_X16, PCIE5_X16 = 25 * GIGA, 50 * GIGA
 _GPU_OVERHEADS = dict(step_overhead_s=1.0e-3, per_seq_overhead_s=10e-6, per_token_overhead_s=0.0,
                       per_block_overhead_s=0.1e-6, interconnect_latency_s=10e-6, network_latency_s=10e-6)
 
@@ -333,6 +340,7 @@ A100_80GB_SXM = _with_fit(HardwareProfile(
     memory_bytes=81920 * MIB,  # nvidia-smi: "81920MiB" on an A100-SXM4-80GB
     interconnect_bandwidth=300 * GIGA,  # NVLink3: 600 GB/s bidirectional
     network_bandwidth=25 * GIGA,  # one 200 Gb/s HDR InfiniBand NIC per GPU (DGX A100)
+    host_link_bandwidth=PCIE4_X16,
     source="datasheet",
     notes=_GPU_NOTE,
     provenance={"reference": "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB)"},
@@ -346,6 +354,7 @@ _H100_DATASHEET = HardwareProfile(
     memory_bytes=81559 * MIB,  # nvidia-smi: "81559MiB" on an H100 80GB HBM3
     interconnect_bandwidth=450 * GIGA,  # NVLink4: 900 GB/s bidirectional
     network_bandwidth=50 * GIGA,  # one 400 Gb/s NDR InfiniBand NIC per GPU (DGX H100)
+    host_link_bandwidth=PCIE5_X16,
     source="datasheet",
     notes=_GPU_NOTE,
     provenance={"reference": "NVIDIA H100 Tensor Core GPU datasheet (SXM5 80GB)"},
@@ -370,6 +379,7 @@ L40S = _with_fit(HardwareProfile(
     memory_bytes=46068 * MIB,  # nvidia-smi: "46068MiB" on an L40S (48 GB GDDR6 with ECC)
     interconnect_bandwidth=32 * GIGA,  # PCIe Gen4 x16, per direction
     network_bandwidth=25 * GIGA,  # a 200 Gb/s NIC per GPU, a guess
+    host_link_bandwidth=PCIE4_X16,
     source="datasheet",
     notes=_GPU_NOTE,
     provenance={"reference": "NVIDIA L40S datasheet (dense Tensor Core peaks, sparsity excluded)"},
@@ -385,6 +395,7 @@ B200 = _with_fit(HardwareProfile(
     memory_bytes=183359 * MIB,  # nvidia-smi: "183359MiB" on a B200 (180 GB)
     interconnect_bandwidth=900 * GIGA,  # NVLink5: 1.8 TB/s bidirectional
     network_bandwidth=50 * GIGA,  # one 400 Gb/s NIC per GPU (DGX B200)
+    host_link_bandwidth=PCIE5_X16,
     source="datasheet",
     notes=_GPU_NOTE,
     provenance={"reference": "NVIDIA HGX/DGX B200 datasheet (per GPU, dense, sparsity excluded)"},

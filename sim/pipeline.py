@@ -123,3 +123,8 @@ class PipelineCostModel:
 
     def step_time(self, shape: BatchShape) -> float:
         return self.breakdown(shape).total_s
+
+    def block_copy_time(self, num_swapped: int, num_copied: int) -> float:
+        """A step's KV copies (`CostModel.block_copy_time`): each stage holds and copies its own layers'
+        blocks, all stages at once."""
+        return self.cost_model.block_copy_time(num_swapped, num_copied) / self.pipeline_parallel_size

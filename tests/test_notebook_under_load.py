@@ -74,7 +74,7 @@ def test_notebook_05_passes_with_a_profile_fitted_on_a_busy_machine(tmp_path, sm
     model = store.default_model_path()
     (cache / model.name).symlink_to(model)
     fitted_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    busy_fit = replace(steady, small_batch_token_overheads_s=tuple(4 * c for c in steady.small_batch_token_overheads_s),
+    busy_fit = replace(steady, weight_packing_passes=4 * steady.weight_packing_passes,
                        provenance={**steady.provenance, "steady": False, "cpu_wait_pct": 45.0, "fitted_at": fitted_at})
     path = busy_fit.save(cache / "profiles")
     env = {**os.environ, "SERVING_LAB_CACHE": str(cache), "SERVING_LAB_MODE": "fast", "PYTHONPATH": str(ROOT),

@@ -64,9 +64,16 @@ class SchedulerOutput:
 
     @cached_property
     def batch_shape(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(query lengths, cached context lengths) per request: all a cost model needs to price a step."""
+        """(query lengths, cached context lengths) per request: with `num_logit_rows`, all a cost model needs
+        to price a step."""
         return (tuple([len(s.token_ids) for s in self.scheduled]),  # a list comprehension: faster than a
                 tuple([s.num_computed_tokens for s in self.scheduled]))  # generator, and this runs every step
+
+    @cached_property
+    def num_logit_rows(self) -> int:
+        """Rows the LM head runs on, as in the real runner: a mid-prompt chunk needs none, a plain decode or a
+        prompt's last chunk one, a verify of k drafts 1 + k (every draft is scored)."""
+        return sum([1 + s.num_draft_tokens for s in self.scheduled if s.needs_logits])  # a list: faster
 
 
 @dataclass(frozen=True)

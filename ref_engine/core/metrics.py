@@ -57,6 +57,7 @@ class StepRecord:
     verified: tuple[tuple[str, int, int], ...] = ()  # (request id, draft tokens, accepted drafts) per verify
     proposed: tuple[tuple[str, int], ...] = ()  # (request id, drafts brought to the step), for replays
     request_ids: tuple[str, ...] = ()  # who ran, in the order of query_lens (request tracing, lesson 6)
+    num_logit_rows: int | None = None  # rows the LM head ran on (SchedulerOutput.num_logit_rows); None: one per request
 
     @classmethod
     def from_output(cls, output: SchedulerOutput, start: float, duration: float,
@@ -69,7 +70,8 @@ class StepRecord:
                    context_lens=context_lens, kv_usage=output.kv_usage, num_live_tokens=output.num_live_tokens,
                    num_reserved_slots=output.num_reserved_slots, num_preempted=len(output.preempted_request_ids),
                    verified=verified, proposed=tuple(output.num_proposed_tokens.items()),
-                   request_ids=tuple([s.request_id for s in output.scheduled]))
+                   request_ids=tuple([s.request_id for s in output.scheduled]),
+                   num_logit_rows=output.num_logit_rows)
 
     @property
     def num_tokens(self) -> int:

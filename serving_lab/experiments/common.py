@@ -87,7 +87,7 @@ def prefill_slowdown(measured: RunMetrics, sides: Sides) -> float | None:
 
 def _slowdown(steps: list[Any], sides: Sides) -> float:
     cost_model = sides.cost_model()
-    return median(s.duration / cost_model.step_time(BatchShape(s.query_lens, s.context_lens)) for s in steps)
+    return median(s.duration / cost_model.step_time(BatchShape.from_step(s)) for s in steps)
 
 
 def drift_note(slowdown: float, busy: float = 1.15) -> str | None:

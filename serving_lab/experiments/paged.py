@@ -233,25 +233,24 @@ def host_copy_link(hardware: HardwareProfile, per_transfer_s: float = 20e-6) -> 
     return SwapLink("DRAM copy (CPU, batched)", hardware.memory_bandwidth / 4, per_transfer_s, batched=True)
 
 
-class SwapPricingTimer:
-    """A step timer that adds the swap copies of each step (`SchedulerOutput.swap_out` / `swap_in`) to the
-    cost model's price of its batch, and counts the blocks moved. The simulator's default timer prices the
-    batch only, as if copies were free."""
+class SwapPricingTimer(CostModelTimer):
+    """The simulator's default timer with the swaps (`SchedulerOutput.swap_out` / `swap_in`) priced over
+    `link` instead of the profile's host link, copy calls included, and the blocks moved counted."""
 
     def __init__(self, cost_model: Any, link: SwapLink, bytes_per_block: int, num_layers: int) -> None:
-        self.batch_timer = CostModelTimer(cost_model)
+        super().__init__(cost_model)
         self.link = link
         self.bytes_per_block = bytes_per_block
         self.num_layers = num_layers
         self.swapped_blocks = 0
         self.swap_s = 0.0
 
-    def step_time(self, output: Any) -> float:
+    def copy_time(self, output: Any) -> float:
         swap_s = sum(self.link.seconds(len(plan), self.bytes_per_block, self.num_layers)
                      for plan in (output.swap_out, output.swap_in))
         self.swapped_blocks += len(output.swap_out) + len(output.swap_in)
         self.swap_s += swap_s
-        return self.batch_timer.step_time(output) + swap_s
+        return swap_s + self.cost_model.block_copy_time(0, len(output.copy_blocks))
 
 
 def _swap_priced_simulator(sides: Sides, config: EngineConfig, link: SwapLink | None) -> tuple[Simulator,

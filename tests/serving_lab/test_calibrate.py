@@ -213,3 +213,33 @@ def test_a_profile_for_one_thread_is_measured_on_it_and_kept_beside_the_default(
         torch.set_num_threads(before)
     with pytest.raises(ValueError, match="threads must be at least 1, got 0"):
         calibration.load_or_calibrate(tiny, threads=0)
+
+
+def test_the_fit_recovers_every_term_of_a_known_machine():
+    """Steps priced by a known "sum" profile (SmolLM2's shapes, the calibration grid's kinds: decode at
+    batch 1-64, prompt chunks with and without logits, mixed steps, verifies) are fitted back to it, every
+    fitted term within 1e-6. A fit whose unknowns share a column (as per-token overhead and 1/FLOP/s once
+    did) could not recover them: its rate would come out anywhere, often 1e30 FLOP/s."""
+    from ref_engine.core.metrics import StepRecord
+    from ref_engine.model.arch_config import ArchConfig
+    from sim.cost_model import BatchShape, CostModel
+
+    arch = ArchConfig.named("smollm2-135m")
+    known = HardwareProfile(name="known", peak_flops={"float32": 1.5e11}, memory_bandwidth=4e10, memory_bytes=0.0,
+                            step_overhead_s=0.02, per_seq_overhead_s=8e-4, per_block_overhead_s=1e-4,
+                            attention_efficiency=0.6, weight_packing_passes=1.5, combine="sum")
+    shapes = [BatchShape.decode(b, c) for b in (1, 2, 4, 16, 64) for c in (64, 512)]
+    shapes += [BatchShape((n,), (c,), num_logit_rows=rows) for n, c, rows in
+               ((16, 0, 1), (256, 0, 1), (256, 256, 0), (256, 768, 1), (1024, 0, 1))]
+    shapes += [BatchShape((128,) + (1,) * 6, (300,) * 7), BatchShape.verify(1, 150, 5), BatchShape.verify(4, 150, 3)]
+    price = CostModel(arch, known, dtype="float32").step_time
+    steps = [("decode" if max(s.query_lens) == 1 else "other",
+              StepRecord(i, 0.0, price(s), s.query_lens, s.context_lens, 0.0, 0, 0, 0, num_logit_rows=s.num_logit_rows))
+             for i, s in enumerate(shapes)]
+    fitted, points = calibration.fit_profile(arch, steps, dtype="float32", memory_bandwidth=known.memory_bandwidth)
+    for term in ("step_overhead_s", "per_seq_overhead_s", "per_block_overhead_s", "attention_efficiency",
+                 "weight_packing_passes"):
+        assert getattr(fitted, term) == pytest.approx(getattr(known, term), rel=1e-6), term
+    assert fitted.peak_flops["float32"] == pytest.approx(1.5e11, rel=1e-6)
+    assert fitted.per_token_overhead_s == 0.0
+    assert max(abs(p.error_pct) for p in points) < 1e-6

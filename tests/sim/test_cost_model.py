@@ -146,25 +146,30 @@ def test_sum_combine_and_roofline_features(tiny, toy_hw):
     assert model.step_time(shape) > CostModel(tiny, toy_hw, block_size=4).step_time(shape)
     features = model.roofline_features(shape)
     assert len(features) == len(ROOFLINE_FEATURE_NAMES) == len(ROOFLINE_UNKNOWNS)
-    assert features == (1.0, 2.0, 2.0, 3.0, 2.0, 2.0, cost.linear_flops, cost.attention_flops, 4304.0)
+    # two tokens and two logit rows: both the layers' 2384 weight bytes and the lm_head's 512 count as packed
+    assert features == (1.0, 2.0, 2.0, 3.0, cost.linear_flops, cost.attention_flops, 2896.0, 4304.0)
     assert cost.linear_flops + cost.attention_flops == 6464.0
     unknowns = (toy_hw.step_overhead_s, toy_hw.per_seq_overhead_s, toy_hw.per_token_overhead_s,
-                toy_hw.per_block_overhead_s, 0.0, 0.0, 1 / 2e8, 1 / 2e8, 1 / 1e8)
+                toy_hw.per_block_overhead_s, 1 / 2e8, 1 / 2e8, toy_hw.weight_packing_passes / 1e8, 1 / 1e8)
     assert sum(f * u for f, u in zip(features, unknowns, strict=True)) == pytest.approx(model.step_time(shape))
 
 
-def test_small_batch_overheads_make_step_time_concave_in_tokens(tiny, toy_hw):
-    # s_8 = 2e-5 s on each of a step's first 8 tokens, s_32 = 1e-5 s on each of its first 32
-    steep = CostModel(tiny, replace(toy_hw, small_batch_token_overheads_s=(2e-5, 1e-5)), block_size=4)
-    plain = CostModel(tiny, toy_hw, block_size=4)
-    def extra(batch: int) -> float:
-        return steep.step_time(BatchShape.decode(batch, 8)) - plain.step_time(BatchShape.decode(batch, 8))
-    assert extra(1) == pytest.approx(3e-5)
-    assert extra(8) == pytest.approx(8 * 3e-5)
-    assert extra(20) == pytest.approx(8 * 2e-5 + 20 * 1e-5)
-    assert extra(64) == pytest.approx(extra(32)) == pytest.approx(8 * 2e-5 + 32 * 1e-5)  # flat past the knees
-    with pytest.raises(ValueError, match="small_batch_token_overheads_s"):
-        replace(toy_hw, small_batch_token_overheads_s=(-1e-5,))
+def test_weight_packing_prices_a_step_of_two_or_more_rows(tiny, toy_hw):
+    # 1.5 extra passes at 1e8 B/s over the layers' (1184 + 8) * 2 = 2384 weight bytes once a step has two or
+    # more tokens, and over the lm_head's 32 * 8 * 2 = 512 once two or more rows need logits
+    packing = CostModel(tiny, replace(toy_hw, weight_packing_passes=1.5), block_size=4, combine="sum")
+    plain = CostModel(tiny, toy_hw, block_size=4, combine="sum")
+
+    def extra(shape: BatchShape) -> float:
+        return packing.step_time(shape) - plain.step_time(shape)
+    assert extra(BatchShape.decode(1, 8)) == 0.0  # one row: a GEMV streams the weights once
+    assert extra(BatchShape.decode(2, 8)) == pytest.approx(1.5 * (2384 + 512) / 1e8)
+    assert extra(BatchShape.decode(16, 8)) == pytest.approx(extra(BatchShape.decode(2, 8)))  # once per step
+    assert extra(BatchShape.verify(1, 8, k=3)) == pytest.approx(1.5 * (2384 + 512) / 1e8)  # 4 rows of one request
+    assert extra(BatchShape((16,), (0,), num_logit_rows=0)) == pytest.approx(1.5 * 2384 / 1e8)  # mid-prompt chunk
+    assert extra(BatchShape.prefill(16)) == pytest.approx(1.5 * 2384 / 1e8)  # one logit row: lm_head as a GEMV
+    with pytest.raises(ValueError, match="weight_packing_passes"):
+        replace(toy_hw, weight_packing_passes=-1.0)
 
 
 def test_tensor_parallel_by_hand(tiny, toy_hw):
@@ -300,3 +305,30 @@ def test_step_time_is_cheap(h100):
     shape = BatchShape.decode(256, 1000)
     assert math.isfinite(model.step_time(shape))
     assert model.step_time(shape) == pytest.approx(model.breakdown(shape).total_s)
+
+
+def test_block_copies_by_hand(tiny, toy_hw):
+    # a block is 4 tokens x 32 KV bytes = 128 bytes; a copy within the device reads and writes each byte twice
+    cpu = CostModel(tiny, toy_hw, block_size=4)  # no host link: the host pool is in the same memory
+    assert cpu.block_copy_time(0, 0) == 0.0
+    assert cpu.block_copy_time(3, 2) == pytest.approx(5 * 128 * 4 / 1e8)
+    gpu = replace(toy_hw, host_link_bandwidth=1e6)  # swaps cross the host link, copy-on-write stays on the device
+    assert CostModel(tiny, gpu, block_size=4).block_copy_time(3, 2) == pytest.approx(3 * 128 / 1e6 + 2 * 128 * 4 / 1e8)
+    # tp = 2: each device moves half of every block over its own link
+    assert CostModel(tiny, gpu, tensor_parallel_size=2, block_size=4).block_copy_time(3, 2) == pytest.approx(
+        3 * 64 / 1e6 + 2 * 64 * 4 / 1e8)
+    with pytest.raises(ValueError, match="host_link_bandwidth"):
+        replace(toy_hw, host_link_bandwidth=-1.0)
+
+
+def test_the_default_timer_prices_a_steps_swaps_and_copies(tiny, toy_hw):
+    model = CostModel(tiny, toy_hw, block_size=4)
+    timer = CostModelTimer(model)
+    shape = BatchShape.from_pairs([(1, 3), (1, 6)])
+    scheduled = [ScheduledRequest("a", [5], 3, [0], needs_logits=True),
+                 ScheduledRequest("b", [6], 6, [1, 2], needs_logits=True)]
+    plain = SchedulerOutput(step_id=0, scheduled=scheduled)
+    swapping = SchedulerOutput(step_id=0, scheduled=scheduled, swap_out=[(3, 0), (4, 1)], swap_in=[(2, 5)],
+                               copy_blocks=[(6, 7)])
+    assert timer.step_time(plain) == pytest.approx(model.step_time(shape))
+    assert timer.step_time(swapping) == pytest.approx(model.step_time(shape) + model.block_copy_time(3, 1))

@@ -75,10 +75,10 @@ RUNS = {
 DIGESTS = {
     "mixed_2000": "a7cba6c6a5465ebd8c9649788bb6feae41e9c274dee63185fe55ea6d65592d96",
     "recompute": "09c0f3d9d6312c91fb46a83c967172a160a91f63279358acd1227ca5591b1dd6",
-    "swap": "d148172cd2252fa0ff92749d9febf86a176c01160030829ada1f4a74e8cc57ad",
+    "swap": "a5edc4375d48e9901beb203f267a249ef981c0cacef932ba70acf1bd22f57c64",
     "contiguous": "b415fae5aeef053f30edaeb40c906632ee9a071fafdf166b5ed3755285695998",
-    "shared_prefix": "9c181396d690457c31fa82eb9c6b51402c1dd80cd0e4cd469d3938d180e568dd",
-    "spec_draft": "62b9020c35c8165f68330b837d58a17c2267574a6827daea7ddd635c160cbba4",
+    "shared_prefix": "ab127910a4d705c9632f53e4b30e0371c5415aea0f28940dc1ef90b0aebe8cb1",
+    "spec_draft": "56914d8744ae80db9b94da3fb06067986a6429d2c6a2a7901f5a86fe49fbf7ed",
 }
 
 
