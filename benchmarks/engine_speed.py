@@ -11,8 +11,9 @@ operators, and threads that sleep between them cost single-stream decode up to 2
 - batch 32: 32 such requests at once, output tok/s (continuous batching, all decode together);
 - transformers `generate()` (float32 and bfloat16) on the same GGUF weights, the same two shapes;
 - quality: `serving_lab.eval_set.compare_quality` against float32 (greedy agreement, mean KL);
-- `--kernels`: the projection kernels alone (float32, the W8A8 kernel `Int8Linear` uses, W8A8 with per-token
-  scales through `torch._int_mm`, torch's weight-only int8), on SmolLM2's shapes, at 1, 8 and 32 rows.
+- `--kernels`: the projection kernels alone (float32, float32 through MKL's prepacked weights as inductor's
+  `freezing` compiles it, the W8A8 kernel `Int8Linear` uses, W8A8 with per-token scales through
+  `torch._int_mm`, torch's weight-only int8), on SmolLM2's shapes, at 1, 8 and 32 rows.
 
 Each engine number is the faster of two runs after a warm-up. Prints markdown; copy it with the machine
 and the command into benchmarks/RESULTS.md ("Engine speed"). A benchmark, not a test.
@@ -101,8 +102,13 @@ def kernel_ms(arch: ArchConfig, rows: int) -> dict[str, float]:
         stored = weight.t().contiguous()  # [in, out], as the engine's TransposedLinear stores it
         return lambda x: x @ stored
 
+    def mkl_prepacked(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)  # what inductor's freezing makes of x @ W
+        return lambda x: torch.ops.mkl._mkl_linear(x, packed, weight, None, rows)
+
     kernels = {
         "float32 x @ W": float32,
+        "float32, MKL prepacked (inductor freezing)": mkl_prepacked,
         "int8 W8A8, dynamic (Int8Linear)": lambda w: Int8Linear(w, None),
         "int8 W8A8, per-token scales (torch._int_mm)": per_token_int_mm,
         "int8 weight-only (_weight_int8pack_mm)": weight_only_int8,

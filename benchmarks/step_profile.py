@@ -92,11 +92,11 @@ def top_level(event: FunctionEvent) -> bool:
     return True
 
 
-def decode_engine(loaded: LoadedModel, batch: int, kv_cache_dtype: str) -> LLMEngine:
+def decode_engine(loaded: LoadedModel, batch: int, kv_cache_dtype: str, enforce_eager: bool = True) -> LLMEngine:
     """An engine with `batch` requests of 128 prompt tokens, all prefilled in its first step, so every
     later step decodes one token for each."""
     engine = LLMEngine(loaded, max_num_seqs=batch, max_num_batched_tokens=128 * batch, enable_prefix_caching=False,
-                       kv_cache_dtype=kv_cache_dtype)
+                       kv_cache_dtype=kv_cache_dtype, enforce_eager=enforce_eager)
     params = SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"r{i}", [1000 + (17 * i + 31 * j) % 20000 for j in range(128)], params)

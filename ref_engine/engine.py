@@ -86,15 +86,19 @@ class LLMEngine:
     def __init__(self, model: str | Path | LoadedModel | None = None, *, dtype: str | torch.dtype = "float32",
                  device: str | torch.device | None = None, config: EngineConfig | None = None,
                  kv_transfer_config: KVTransferConfig | None = None, quantization: str | None = None,
-                 kv_cache_dtype: str = "auto", **knobs: Any) -> None:
+                 kv_cache_dtype: str = "auto", enforce_eager: bool = True, **knobs: Any) -> None:
         """`model`: a path, None for the default SmolLM2, or an already `LoadedModel` (so sweeps load the
         weights once and build one engine per configuration; it comes quantized or not). `kv_transfer_config`:
         this engine's role in a disaggregated pair, if any. `quantization`: None (the float reference) or
         "int8" (W8A8, ref_engine/model/quantization.py). `kv_cache_dtype`: "auto" (the model's dtype) or
-        a dtype to store K/V in (ref_engine/attention.py; "bfloat16" doubles the blocks a pool holds)."""
+        a dtype to store K/V in (ref_engine/attention.py; "bfloat16" doubles the blocks a pool holds).
+        `enforce_eager`: True (the default: on the course CPU compiling did not pay, benchmarks/RESULTS.md)
+        runs the model eagerly; False compiles its forward at start (ref_engine/model/compile.py)."""
         config = config or EngineConfig()
         self.config = config.replace(**knobs) if knobs else config
         check_kv_cache_dtype(kv_cache_dtype)  # before the slow load
+        if not isinstance(enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be True or False, got {enforce_eager!r}")
         if isinstance(model, LoadedModel):
             if quantization != model.quantization and quantization is not None:
                 raise ValueError(f"quantization={quantization!r}, but the given LoadedModel was loaded with "
@@ -119,7 +123,8 @@ class LLMEngine:
         self.runner = ModelRunner(
             loaded.model, self.arch, num_kv_blocks=self.num_kv_blocks,
             num_swap_blocks=self.scheduler.num_swap_blocks,
-            block_size=self.config.block_size, dtype=self.kv_cache_dtype, device=self.device)
+            block_size=self.config.block_size, dtype=self.kv_cache_dtype, device=self.device,
+            enforce_eager=enforce_eager)
         self.sampler = Sampler(self.config.seed, self.device)
         self.rejection_sampler = RejectionSampler(self.sampler)
         self.proposer = make_proposer(self.config, loaded, self.sampler, num_kv_blocks=self.num_kv_blocks,

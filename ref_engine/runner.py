@@ -11,6 +11,10 @@ host pool that swapped-out blocks go to. Each step it
    the scheduler asked for a sample, or on its last 1 + k tokens when it verifies k draft tokens.
 It decides nothing: what to run comes from the scheduler, what to emit from the sampler.
 
+With `enforce_eager=False` the model's forward runs compiled (ref_engine/model/compile.py), and the runner
+compiles it when it is built, on two dummy passes (1 token and 2), so that the first request's step does not
+pay for compiling and a compiler that fails stops the engine at start.
+
 Lesson: lessons/02-paged-attention.md (block table and slot mapping); lessons/05-speculative-decoding.md.
 """
 
@@ -22,7 +26,9 @@ import torch
 
 from ref_engine.attention import AttentionMetadata, allocate_kv_cache
 from ref_engine.core.interfaces import SchedulerOutput
+from ref_engine.core.math_utils import cdiv
 from ref_engine.model.arch_config import ArchConfig
+from ref_engine.model.compile import compile_decoder
 
 
 @dataclass
@@ -33,12 +39,15 @@ class ModelOutput:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, arch: ArchConfig, *, num_kv_blocks: int, num_swap_blocks: int,
-                 block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+                 block_size: int, dtype: torch.dtype, device: torch.device, enforce_eager: bool = True) -> None:
         self.model = model
         self.block_size = block_size
         self.device = device
         self.kv_caches = allocate_kv_cache(arch, num_kv_blocks, block_size, dtype, device)
         self.host_kv_caches = allocate_kv_cache(arch, num_swap_blocks, block_size, dtype, torch.device("cpu"))
+        self.forward = model if enforce_eager else compile_decoder(model)
+        if not enforce_eager:
+            self._compile_now()
 
     @torch.inference_mode()
     def execute_model(self, output: SchedulerOutput) -> ModelOutput:
@@ -62,7 +71,7 @@ class ModelRunner:
             block_size=self.block_size,
             device=self.device,
         )
-        hidden = self.model(
+        hidden = self.forward(
             torch.tensor(input_ids, dtype=torch.long, device=self.device),
             torch.tensor(positions, dtype=torch.long, device=self.device),
             self.kv_caches,
@@ -71,6 +80,18 @@ class ModelRunner:
         rows = torch.tensor(logits_indices, dtype=torch.long, device=self.device)
         logits = self.model.compute_logits(hidden[rows])
         return ModelOutput([s.request_id for s in output.scheduled if s.needs_logits], logits)
+
+    @torch.inference_mode()
+    def _compile_now(self) -> None:
+        """Run the compiled forward once on 1 token and once on 2 (the two graphs of each piece: torch
+        specialises size 1), in the first blocks of the cache, then zero the cache again."""
+        for num_tokens in (1, 2):
+            tokens = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+            meta = AttentionMetadata.build([num_tokens], [num_tokens], [list(range(cdiv(num_tokens, self.block_size)))],
+                                           self.block_size, self.device)
+            self.forward(tokens, torch.arange(num_tokens, device=self.device), self.kv_caches, meta)
+        for layer in self.kv_caches:
+            layer.zero_()
 
     @staticmethod
     def _copy_blocks(plan: list[tuple[int, int]], *, src: list[torch.Tensor], dst: list[torch.Tensor]) -> None:

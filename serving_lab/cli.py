@@ -26,7 +26,8 @@ def _pull(args: argparse.Namespace) -> None:
 def _generate(args: argparse.Namespace) -> None:
     from ref_engine import LLM, SamplingParams
 
-    llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
+    llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+              enforce_eager=args.enforce_eager)
     tokenizer = llm.get_tokenizer()
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat else p
                for p in args.prompts]
@@ -63,7 +64,7 @@ def serve_config(args: argparse.Namespace) -> EngineConfig | None:
     engine = manifest.llm_kwargs()
     args.model, args.served_model_name = engine["model"], manifest.engine.served_model_name
     args.dtype, args.quantization = engine["dtype"], engine["quantization"]
-    args.kv_cache_dtype = engine["kv_cache_dtype"]
+    args.kv_cache_dtype, args.enforce_eager = engine["kv_cache_dtype"], engine["enforce_eager"]
     args.allow_streaming = manifest.api.stream
     with naming_keys():
         return engine["config"].for_model(simulated_arch(manifest.engine.model, "engine.model")
@@ -102,7 +103,7 @@ def _demo(args: argparse.Namespace) -> None:
 # `serve`'s own flags that also override a manifest key (ref_engine/entrypoints/openai/cli_args.py): they
 # mean the same without a manifest, so `serve` keeps them and takes only the other override flags.
 SERVE_KNOBS = ("model", "served_model_name", "max_model_len", "max_num_seqs", "dtype", "quantization",
-               "kv_cache_dtype")
+               "kv_cache_dtype", "enforce_eager")
 
 
 def _add_override_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
@@ -220,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="int8: W8A8 weights and activations (faster on x86 CPUs; quality in benchmarks/RESULTS.md)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
                    help="what the KV cache stores K/V in (auto: the model's dtype)")
+    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the model eagerly (the default); --no-enforce-eager compiles it with torch.compile")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)

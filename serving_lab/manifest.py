@@ -70,6 +70,9 @@ class EngineSection(_Section):
     quantization: Literal["int8"] | None = None
     # What the KV cache stores K/V in (vLLM's --kv-cache-dtype). None or "auto": the engine's dtype.
     kv_cache_dtype: Literal["auto", "float32", "bfloat16"] | None = None
+    # vLLM's --enforce-eager: true (or None, our engine's default) runs the model eagerly; false compiles it
+    # (ref_engine/model/compile.py). vLLM's own default is false (compile, and CUDA graphs on a GPU).
+    enforce_eager: bool | None = None
 
 
 class RequestLimits(_Section):
@@ -175,16 +178,21 @@ class Manifest(_Section):
                                 f"Face folder; {model!r} is none of them")
         return {"model": None if model == DEFAULT_MODEL else model, "config": self.engine_config(),
                 "dtype": self.engine.dtype or "float32", "quantization": self.engine.quantization,
-                "kv_cache_dtype": self.engine.kv_cache_dtype or "auto"}
+                "kv_cache_dtype": self.engine.kv_cache_dtype or "auto",
+                "enforce_eager": self.engine.enforce_eager is not False}
 
     def measured_llm_kwargs(self) -> dict[str, Any]:
         """`llm_kwargs` for the sweep's and the report's measured runs, whose runner (ref_engine/bench.py)
-        keeps the KV cache in the model's dtype: a manifest asking for another is refused, not ignored."""
+        keeps the KV cache in the model's dtype and runs it eagerly: a manifest asking for otherwise is refused,
+        not ignored."""
         kwargs = self.llm_kwargs()
         if kwargs["kv_cache_dtype"] != "auto":
             raise ManifestError(f"engine.kv_cache_dtype: measured runs keep the KV cache in the model's dtype; "
                                 f"got {kwargs['kv_cache_dtype']!r} (use auto, or simulate only; `serving-lab "
                                 "serve` and `generate` run it)")
+        if not kwargs["enforce_eager"]:
+            raise ManifestError("engine.enforce_eager: measured runs run the model eagerly; got false (use true "
+                                "or null; `serving-lab serve` compiles it)")
         return kwargs
 
     def simulator_kwargs(self) -> dict[str, Any]:
@@ -276,6 +284,7 @@ OVERRIDE_FLAGS = {
     "--dtype": "engine.dtype",
     "--quantization": "engine.quantization",
     "--kv-cache-dtype": "engine.kv_cache_dtype",
+    "--enforce-eager": "engine.enforce_eager",
     "--max-model-len": "api.request_limits.max_model_len",
     "--max-num-seqs": "api.request_limits.max_num_seqs",
     "--preemption-mode": "api.admission.preempt",

@@ -37,6 +37,8 @@ def vllm_serve_command(manifest: Manifest) -> str:
     elif engine.kv_cache_dtype == "float32":
         notes.append("engine.kv_cache_dtype: float32 has no --kv-cache-dtype value in vLLM; its 'auto' stores "
                      "K/V in the model's dtype, so --dtype float32 gives it")
+    if engine.enforce_eager:
+        flags.append(("--enforce-eager", None))
     if engine.quantization is not None:
         notes.append(f"engine.quantization: {engine.quantization} (our on-the-fly W8A8 on x86 CPU kernels) has no "
                      "vllm serve flag: vLLM runs int8 W8A8 from a checkpoint quantized ahead of time (e.g. with "

@@ -65,6 +65,7 @@ class EngineArgs:
     device: str | None = None
     quantization: str | None = None  # None: the float reference; "int8": ref_engine/model/quantization.py
     kv_cache_dtype: str = "auto"  # what the KV cache stores K/V in (ref_engine/attention.py)
+    enforce_eager: bool = True  # False: the model's forward through torch.compile (ref_engine/model/compile.py)
     num_threads: int | None = None  # torch threads in the core; None leaves torch's default
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # EngineConfig knobs
     trace_requests: bool = False  # ship per-request trace events with the outputs (tracing.py)
@@ -73,7 +74,7 @@ class EngineArgs:
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
         return LLMEngine(self.model, dtype=self.dtype, device=self.device, quantization=self.quantization,
-                         kv_cache_dtype=self.kv_cache_dtype, **self.engine_kwargs)
+                         kv_cache_dtype=self.kv_cache_dtype, enforce_eager=self.enforce_eager, **self.engine_kwargs)
 
 
 def run_engine_core(engine_args: EngineArgs, input_address: str, output_address: str) -> None:

@@ -143,6 +143,10 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class LlamaAttention(nn.Module):
+    """The attention block's weights and what runs before attention: `qkv` projects and rotates. The decoder
+    layer calls `paged_attention` and `o_proj` itself, so that attention is a call of its own in the layer's
+    forward, with only dense math on either side (ref_engine/model/compile.py compiles those two sides)."""
+
     def __init__(self, arch: ArchConfig, dtype: torch.dtype, device: torch.device | None) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = arch.num_attention_heads, arch.num_kv_heads, arch.head_dim
@@ -152,14 +156,13 @@ class LlamaAttention(nn.Module):
                                          arch.attention_bias, dtype, device)
         self.o_proj = TransposedLinear(self.q_size, [arch.hidden_size], False, dtype, device)
 
-    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def qkv(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q `[T, Hq, D]` and k `[T, Hkv, D]` rotated to their positions, and v `[T, Hkv, D]`."""
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = apply_rotary(q.view(-1, self.num_heads, self.head_dim), rope)
         k = apply_rotary(k.view(-1, self.num_kv_heads, self.head_dim), rope)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, kv_cache, meta, self.scale)
-        return self.o_proj(out.flatten(1))
+        return q, k, v.view(-1, self.num_kv_heads, self.head_dim)
 
 
 class LlamaMLP(nn.Module):
@@ -185,7 +188,9 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(rope, self.input_layernorm(x), kv_cache, meta)
+        attn = self.self_attn
+        q, k, v = attn.qkv(rope, self.input_layernorm(x))
+        x = x + attn.o_proj(paged_attention(q, k, v, kv_cache, meta, attn.scale).flatten(1))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 VLLM_SERVE_FLAGS = {
     "--served-model-name", "--trust-remote-code", "--tensor-parallel-size", "--max-model-len", "--max-num-seqs",
     "--block-size", "--enable-chunked-prefill", "--max-num-batched-tokens", "--long-prefill-token-threshold",
-    "--scheduling-policy", "--speculative-config", "--dtype",
+    "--scheduling-policy", "--speculative-config", "--dtype", "--enforce-eager",
 }
 VLLM_CHOICES = {"--scheduling-policy": {"fcfs", "priority"},
                 "--dtype": {"auto", "half", "float16", "bfloat16", "float", "float32"}}
@@ -74,7 +74,7 @@ def test_the_shipped_manifest_builds_the_engine_config_it_describes():
     assert manifest.metrics == list(get_args(MetricName)) == list(MANIFEST_METRICS)
     assert manifest.llm_kwargs() == {"model": None, "config": manifest.engine_config(),  # None: the default model
                                      "dtype": "float32", "quantization": None,  # the float32 reference
-                                     "kv_cache_dtype": "auto"}
+                                     "kv_cache_dtype": "auto", "enforce_eager": True}  # null: the engine's eager
 
 
 def test_numerics_reach_the_engine_the_simulator_and_vllm(tmp_path, capsys):
@@ -102,6 +102,19 @@ def test_numerics_reach_the_engine_the_simulator_and_vllm(tmp_path, capsys):
         bf16_kv.measured_llm_kwargs()  # the sweep's and the report's runner: refused, not ignored
     out = run_cli(["manifest", "--to-vllm", str(EXAMPLE_MANIFEST), "--kv-cache-dtype", "bfloat16"], capsys)
     assert vllm_flags(out)[1]["--kv-cache-dtype"] == "bfloat16"
+
+
+def test_enforce_eager_reaches_the_engine_and_vllm(capsys):
+    compiled = load_manifest(EXAMPLE_MANIFEST, {"engine.enforce_eager": False})
+    assert compiled.llm_kwargs()["enforce_eager"] is False
+    with pytest.raises(ManifestError, match=r"engine\.enforce_eager: measured runs run the model eagerly; got false"):
+        compiled.measured_llm_kwargs()
+    with pytest.raises(ManifestError, match=r"engine\.enforce_eager"):
+        load_manifest(EXAMPLE_MANIFEST, {"engine.enforce_eager": "yes"})
+    out = run_cli(["manifest", "--to-vllm", str(EXAMPLE_MANIFEST), "--enforce-eager", "true"], capsys)
+    assert "--enforce-eager" in vllm_flags(out)[1]
+    out = run_cli(["manifest", "--to-vllm", str(EXAMPLE_MANIFEST), "--enforce-eager", "false"], capsys)
+    assert "--enforce-eager" not in vllm_flags(out)[1]  # vLLM's own default: it compiles
 
 
 @pytest.mark.parametrize("overrides, knobs", [

@@ -89,6 +89,9 @@ def test_the_manifest_sets_the_numerics_and_a_flag_overrides_them(tmp_path, tiny
     cli.serve_config(args)
     assert args.kv_cache_dtype == "bfloat16"
     assert build_server(args, cli.serve_config(args)).engine.engine_args.kv_cache_dtype == "bfloat16"
+    assert build_server(args, cli.serve_config(args)).engine.engine_args.enforce_eager is True
+    args = cli.build_parser().parse_args([*argv, "--no-enforce-eager"])
+    assert build_server(args, cli.serve_config(args)).engine.engine_args.enforce_eager is False
     assert not hasattr(cli.build_parser().parse_args(["serve"]), "dtype")  # no manifest: build_server's float32
 
 

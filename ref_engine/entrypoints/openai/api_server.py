@@ -376,7 +376,8 @@ def build_server(args: argparse.Namespace, config: EngineConfig | None = None) -
     served_model_name = getattr(args, "served_model_name", None)
     engine = AsyncLLM(EngineArgs(getattr(args, "model", None), dtype=getattr(args, "dtype", "float32"),
                                  quantization=getattr(args, "quantization", None),
-                                 kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"), engine_kwargs=knobs,
+                                 kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
+                                 enforce_eager=getattr(args, "enforce_eager", True), engine_kwargs=knobs,
                                  trace_requests=args.trace_requests), served_model_name)
     app = build_app(engine, served_model_name=served_model_name, api_keys=api_keys,
                     max_pending_requests=args.max_pending_requests, max_request_bytes=args.max_request_bytes,

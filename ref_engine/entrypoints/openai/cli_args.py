@@ -31,6 +31,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="int8: W8A8 weights and activations (ref_engine/model/quantization.py)")
     parser.add_argument("--kv-cache-dtype", default=argparse.SUPPRESS, choices=list(KV_CACHE_DTYPES),
                         help="what the KV cache stores K/V in (default: auto, the model's dtype)")
+    parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                        help="run the model eagerly (the default); --no-enforce-eager compiles it at start")
     parser.add_argument("--max-model-len", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--max-num-seqs", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--scheduling-policy", default=None, choices=["fcfs", "priority", "fair"])
