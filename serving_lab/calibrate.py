@@ -123,17 +123,21 @@ def grid_workloads(seed: int = 0) -> list[tuple[str, Workload, EngineConfig]]:
 def run_grid(model: Any, seed: int = 0, repeats: int = 2, rows: Sequence[int] | None = None
              ) -> list[list[RunMetrics]]:
     """Run the grid's workloads (`rows`: which, default all) on the real engine (`model`: a `LoadedModel`),
-    each `repeats` times back to back; returns every run, one list per workload.
+    `repeats` passes over the whole grid; returns every run, one list per workload.
 
-    One throw-away run first, so one-time costs (allocations, first-call dispatch) stay out of the fit."""
+    Passes, not repeats back to back: a machine that slows down for a minute then slows one repeat of
+    many rows, each of which keeps its other repeat (the fit takes the faster), instead of both repeats of
+    the few rows it ran meanwhile. One throw-away run first, so one-time costs (allocations, first-call
+    dispatch) stay out of the fit."""
     # The engine and torch are imported only where the engine runs: fitting, loading and checking profiles
     # (fidelity, the simulator's defaults) work without torch.
     from ref_engine import bench
 
     runs = grid_workloads(seed)
+    chosen = [runs[i] for i in (range(len(runs)) if rows is None else rows)]
     bench.run(runs[0][1], runs[0][2], model=model)
-    return [[bench.run(workload, config, model=model) for _ in range(repeats)]
-            for _, workload, config in (runs[i] for i in (range(len(runs)) if rows is None else rows))]
+    passes = [[bench.run(workload, config, model=model) for _, workload, config in chosen] for _ in range(repeats)]
+    return [list(repeated) for repeated in zip(*passes)]
 
 
 def fastest_runs(runs: list[list[RunMetrics]]) -> list[RunMetrics]:
