@@ -70,8 +70,8 @@ def predict(requests: list[BenchRequest], *, request_rate: float = math.inf, bur
     if hardware is None:
         from serving_lab.calibrate import load_or_calibrate
 
-        engine = manifest.llm_kwargs() if manifest else {"model": None, "dtype": "float32"}
-        hardware = load_or_calibrate(engine["model"], dtype=engine["dtype"])
+        engine = manifest.llm_kwargs() if manifest else {"model": None, "dtype": "float32", "quantization": None}
+        hardware = load_or_calibrate(engine["model"], dtype=engine["dtype"], quantization=engine["quantization"])
     workload = bench_workload(requests, request_rate, burstiness, seed)
     with naming_keys():
         simulator = Simulator(hardware=hardware, frontend_latency_s=frontend_latency_ms / 1000, **kwargs)

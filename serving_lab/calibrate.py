@@ -277,18 +277,20 @@ def fit_profile(arch: ArchConfig, steps: list[tuple[str, StepRecord]], *, dtype:
 
 
 def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: str = "float32",
-              save: bool = True, seed: int = 0, verbose: bool = True, threads: int | None = None) -> HardwareProfile:
+              quantization: str | None = None, save: bool = True, seed: int = 0, verbose: bool = True,
+              threads: int | None = None) -> HardwareProfile:
     """Measure this machine with the real engine and return (and by default save) its fitted profile.
 
-    `model`: a path, None for the default SmolLM2, or a `LoadedModel`. `config` only contributes its
+    `model`: a path, None for the default SmolLM2, or a `LoadedModel`. `quantization="int8"` measures the
+    int8 engine (a float32 `LoadedModel` is quantized first) and fits a profile whose rates are keyed
+    "int8", the dtype the simulator prices it as (1-byte weights). `config` only contributes its
     `block_size` (the grid sets the other knobs per point). `threads`: measure on that many torch threads
     (the count is restored after) and name the profile for them, so it is saved beside the default one
     (`calibrated_profile_name`); None: the threads as they are, the default name."""
     import torch
 
-    from ref_engine.model.loader import LoadedModel, load_model
-
-    loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype)
+    loaded = engine_model(model, dtype, quantization)
+    numerics = quantization or dtype  # the simulator's dtype for this engine
     block_size = (config or EngineConfig()).block_size
     with torch_threads(threads):
         cpu_before = cpu_clock()
@@ -301,14 +303,15 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
     device = next(loaded.model.parameters()).device
     provenance = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
-        "device_type": device.type, "dtype": dtype, "threads": num_threads,
+        "device_type": device.type, "dtype": dtype, "quantization": quantization, "threads": num_threads,
         "torch": torch.__version__, "model": loaded.model_id, "attention": "ref_engine pure-torch paged attention",
         "block_size": block_size, "date": datetime.date.today().isoformat(),
         "fitted_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "fit_form": FIT_FORM,
         **steadiness_fields,
     }
-    profile, points = fit_profile(loaded.arch, steps, dtype=dtype, memory_bandwidth=bandwidth, block_size=block_size,
-                                  name=calibrated_profile_name(device.type, dtype, threads), provenance=provenance)
+    profile, points = fit_profile(loaded.arch, steps, dtype=numerics, memory_bandwidth=bandwidth,
+                                  block_size=block_size, name=calibrated_profile_name(device.type, numerics, threads),
+                                  provenance=provenance)
     if verbose:
         print(format_fit(points))
         print(f"mean |error| {profile.provenance['fit_mean_abs_error_pct']}%, "
@@ -355,7 +358,23 @@ def time_factor(profile: HardwareProfile, loaded: Any) -> float:
     return math.prod(ratios) ** (1 / len(ratios))
 
 
-def load_or_calibrate(model: Any = None, *, dtype: str = "float32", threads: int | None = None) -> HardwareProfile:
+def engine_model(model: Any, dtype: str, quantization: str | None) -> Any:
+    """The `LoadedModel` a calibration measures: `model` itself when its numerics match, a quantized copy of
+    a float32 one, or the checkpoint at `model` (a path, or None for SmolLM2) loaded so."""
+    from ref_engine.model.loader import LoadedModel, load_model, quantized
+
+    if not isinstance(model, LoadedModel):
+        return load_model(model, dtype=dtype, quantization=quantization)
+    if model.quantization == quantization:
+        return model
+    if model.quantization is None:
+        return quantized(model, quantization)
+    raise ValueError(f"the model given is quantized ({model.quantization!r}); calibrating "
+                     f"quantization={quantization!r} needs the float32 one")
+
+
+def load_or_calibrate(model: Any = None, *, dtype: str = "float32", threads: int | None = None,
+                      quantization: str | None = None) -> HardwareProfile:
     """This machine's profile, measuring it only when no saved one can serve (a calibration takes ~2 min):
 
     - none saved for this device, dtype and thread count, or one measured on another model or torch, or
@@ -372,21 +391,20 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32", threads: int
 
     `serving-lab calibrate` refits on demand. `threads`: the profile for that many torch threads (probed
     and calibrated on them, kept under a name of its own, see `calibrate`); the engines of a 1P+1D pair run
-    one thread each."""
+    one thread each. `quantization`: the int8 engine's profile (see `calibrate`)."""
     import torch
 
-    from ref_engine.model.loader import LoadedModel, load_model
-
-    loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype)
+    loaded = engine_model(model, dtype, quantization)
     device_type = next(loaded.model.parameters()).device.type
+    refit = {"dtype": dtype, "verbose": False, "threads": threads, "quantization": quantization}
     try:
-        profile = HardwareProfile.named(calibrated_profile_name(device_type, dtype, threads))
+        profile = HardwareProfile.named(calibrated_profile_name(device_type, quantization or dtype, threads))
     except ValueError:
         profile = None
     if (profile is None or profile.provenance.get("model") != loaded.model_id
             or profile.provenance.get("torch") != torch.__version__
             or profile.provenance.get("fit_form") != FIT_FORM):
-        return calibrate(loaded, dtype=dtype, verbose=False, threads=threads)
+        return calibrate(loaded, **refit)
     unsteady = unsteady_fit(profile)
     age = fit_age_s(profile)
     if age is not None and age < REFIT_AFTER_S:
@@ -396,14 +414,14 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32", threads: int
         return profile
     if unsteady:
         print(f"the saved profile cannot be trusted: {unsteady}; recalibrating (~2 min)")
-        return calibrate(loaded, dtype=dtype, verbose=False, threads=threads)
+        return calibrate(loaded, **refit)
     with torch_threads(threads):
         moved = drift(profile, loaded)
     if moved is not None and moved <= DRIFT_TOLERANCE:
         return profile
     print("the saved profile is stale: " + ("it has no drift probe times" if moved is None else
           f"this machine's speed moved {100 * moved:.0f}% since it was calibrated") + "; recalibrating (~2 min)")
-    return calibrate(loaded, dtype=dtype, verbose=False, threads=threads)
+    return calibrate(loaded, **refit)
 
 
 def fit_age_s(profile: HardwareProfile) -> float | None:

@@ -80,7 +80,7 @@ def _bench_serve(args: argparse.Namespace) -> None:
 def _calibrate(args: argparse.Namespace) -> None:
     from serving_lab.calibrate import calibrate
 
-    calibrate(args.model, dtype=args.dtype)
+    calibrate(args.model, dtype=args.dtype, quantization=args.quantization)
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -249,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="measure this machine with the engine and save its simulator profile")
     p.add_argument("--model", default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--quantization", default=None, choices=["int8"],
+                   help="measure the int8 engine (W8A8) and save its profile, whose rates the simulator prices as int8")
     p.set_defaults(func=_calibrate)
 
     from serving_lab.demos import DEMOS

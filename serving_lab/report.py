@@ -96,13 +96,10 @@ def run_report(before: str | Path, after: str | Path, workload: str, *, hardware
                              "calibrated dtype): judge numerics with `serving-lab sweep`'s dtype points, which "
                              "the eval set scores")
         (path, dtype, quantization), = served
-        if quantization is not None and hardware is None:
-            raise ValueError(f"engine.quantization: {quantization} has no calibrated simulator profile on this "
-                             "machine yet; give --hardware NAME to price it with another profile")
         from ref_engine.model.loader import load_model
         loaded = model if model is not None else load_model(path, dtype=dtype, quantization=quantization)
         if hardware is None:
-            hardware = load_or_calibrate(loaded, dtype=dtype)
+            hardware = load_or_calibrate(loaded, dtype=dtype, quantization=quantization)
     profile = resolve_hardware(hardware)
     sides = {}
     for name, path in zip(SIDES, (before, after)):

@@ -215,6 +215,28 @@ def test_a_profile_for_one_thread_is_measured_on_it_and_kept_beside_the_default(
         calibration.load_or_calibrate(tiny, threads=0)
 
 
+def test_the_int8_engine_gets_a_profile_of_its_own_that_prices_int8(monkeypatch, tmp_path, saved, tiny):
+    """`quantization="int8"` measures the int8 engine (the float32 model quantized) and saves its profile
+    beside the float32 one, with rates keyed "int8", so the simulator prices 1-byte weights with them."""
+    from ref_engine.core import EngineConfig, Workload
+    from sim import Simulator
+
+    monkeypatch.setenv("SERVING_LAB_CACHE", str(tmp_path))
+    saved.save()
+    measured = []
+    grid = calibration.run_grid
+    monkeypatch.setattr(calibration, "run_grid", lambda loaded, *a, **k: measured.append(loaded.quantization)
+                        or grid(loaded, *a, **k))
+    int8 = calibration.load_or_calibrate(tiny, quantization="int8")
+    assert measured == ["int8"] and tiny.quantization is None  # a quantized copy ran the grid
+    assert int8.name == "calibrated-cpu-int8" and set(int8.peak_flops) == {"int8"}
+    assert int8.provenance["quantization"] == "int8" and int8.provenance["model"].endswith("+int8")
+    assert HardwareProfile.named(saved.name) == saved  # the float32 profile is untouched
+    assert calibration.load_or_calibrate(tiny, quantization="int8") == int8 and measured == ["int8"]  # reused
+    run = Simulator(tiny.arch, int8, EngineConfig(), dtype="int8").run(Workload.synthetic(4, 16, 4, seed=0))
+    assert run.completed == 4 and run.duration > 0
+
+
 def test_the_fit_recovers_every_term_of_a_known_machine():
     """Steps priced by a known "sum" profile (SmolLM2's shapes, the calibration grid's kinds: decode at
     batch 1-64, prompt chunks with and without logits, mixed steps, verifies) are fitted back to it, every
