@@ -45,13 +45,14 @@ def _serve(engine: LLMEngine, workload: Workload) -> RunMetrics:
     refused = 0
     engine.reset_clock()
     while pending or engine.has_unfinished_requests():
-        while pending and pending[0].arrival_time <= engine.now():
+        now = engine.now()
+        while pending and pending[0].arrival_time <= now:
             try:
                 engine.add_workload_request(pending.popleft())
             except ValueError:
                 refused += 1
         if engine.has_unfinished_requests():
-            engine.step()
+            engine.step(now)
         elif pending:
             time.sleep(max(0.0, pending[0].arrival_time - engine.now()))
     admitted = [r for r in requests if r.finish_time is not None]

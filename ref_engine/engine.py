@@ -237,10 +237,15 @@ class LLMEngine:
 
     # ---- the loop ----
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, now: float | None = None) -> list[RequestOutput]:
         """Schedule, run the model, sample, update; returns the requests that finished in this step, and
-        this step's delta of every streamed request still running."""
-        start = self.now()
+        this step's delta of every streamed request still running.
+
+        `now`: the clock reading at which the caller last added arriving requests (ref_engine/bench.py), the
+        step's recorded start. A replay of the run in the simulator starts each step there and admits what
+        had arrived by then: exactly what the engine had been given, even when a request arrived in the few
+        microseconds between the caller's look and this call."""
+        start = self.now() if now is None else now
         output = self.scheduler.schedule(start)
         if output.is_empty:
             return []

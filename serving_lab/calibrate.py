@@ -44,13 +44,14 @@ import platform
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from scipy.optimize import nnls
 
 from ref_engine.core.config import EngineConfig
+from ref_engine.core.math_utils import cdiv
 from ref_engine.core.metrics import RunMetrics, StepRecord
 from ref_engine.core.workload import Workload
 from ref_engine.model.arch_config import ArchConfig
@@ -60,16 +61,20 @@ from sim.hardware import HardwareProfile
 # What the fit solves for; a saved profile fitted to another form is stale (load_or_calibrate refits).
 FIT_FORM = "sum; overheads per step, seq, block; flops; attention; weight packing passes"
 
-# (name, number of requests, prompt length, output length, token budget); every request arrives at once.
-# Decode points: B requests decode together at context ~prompt length. Prefill points: one prompt, one
-# token out, in chunks of the budget. The products stay small enough for a 2-core CPU in about a minute.
-CALIBRATION_GRID: tuple[tuple[str, int, int, int, int], ...] = (
-    ("decode", 1, 64, 12, 512), ("decode", 4, 64, 12, 512), ("decode", 16, 64, 12, 1024),
-    ("decode", 32, 64, 8, 2048), ("decode", 64, 32, 8, 2048),
-    ("decode", 1, 512, 12, 512), ("decode", 8, 512, 8, 4096), ("decode", 2, 1536, 8, 2048),
-    ("prefill", 1, 16, 1, 16), ("prefill", 1, 64, 1, 64), ("prefill", 1, 256, 1, 256),
-    ("prefill", 1, 1024, 1, 1024), ("prefill", 1, 1024, 1, 256),
-    ("mixed", 12, 300, 16, 128),
+# (name, number of requests, prompt length, output length, token budget, block size or None for the
+# calibration's); every request arrives at once. Decode points: B requests decode together at context ~prompt
+# length. Prefill points: one prompt, one token out, in chunks of the budget. The last two decode points hold
+# the same tokens in 1-token and 128-token blocks (lesson 2 sweeps that range): without them every row's
+# blocks grow with its context, and the fit could not tell a per-block cost from a per-context-token one.
+# The products stay small enough for a 2-core CPU in about a minute and a half.
+CALIBRATION_GRID: tuple[tuple[str, int, int, int, int, int | None], ...] = (
+    ("decode", 1, 64, 12, 512, None), ("decode", 4, 64, 12, 512, None), ("decode", 16, 64, 12, 1024, None),
+    ("decode", 32, 64, 8, 2048, None), ("decode", 64, 32, 8, 2048, None),
+    ("decode", 1, 512, 12, 512, None), ("decode", 8, 512, 8, 4096, None), ("decode", 2, 1536, 8, 2048, None),
+    ("prefill", 1, 16, 1, 16, None), ("prefill", 1, 64, 1, 64, None), ("prefill", 1, 256, 1, 256, None),
+    ("prefill", 1, 1024, 1, 1024, None), ("prefill", 1, 1024, 1, 256, None),
+    ("mixed", 12, 300, 16, 128, None),
+    ("decode", 8, 256, 8, 2048, 1), ("decode", 8, 256, 8, 2048, 128),
 )
 
 # The unknowns the fit solves for: all of the sum form's but the per-token overhead (the same column as
@@ -109,19 +114,20 @@ class CalibrationPoint:
         return 100.0 * (self.predicted_s - self.measured_s) / self.measured_s
 
 
-def grid_workloads(seed: int = 0) -> list[tuple[str, Workload, EngineConfig]]:
-    """The calibration runs: a workload and an engine config for each grid row."""
+def grid_workloads(seed: int = 0, block_size: int = EngineConfig.block_size) -> list[tuple[str, Workload, EngineConfig]]:
+    """The calibration runs: a workload and an engine config for each grid row (`block_size` where the row
+    does not set its own)."""
     runs = []
-    block_size = EngineConfig.block_size  # the grid runs at the default block size
-    for i, (kind, n, prompt, output, budget) in enumerate(CALIBRATION_GRID):
+    for i, (kind, n, prompt, output, budget, row_block_size) in enumerate(CALIBRATION_GRID):
         workload = Workload.synthetic(n, prompt_len=prompt, output_len=output, seed=seed + i, name=kind)
-        runs.append((kind, workload, EngineConfig(max_num_seqs=max(n, 1), max_num_batched_tokens=budget,
-                                                  num_kv_blocks=2 + n * (prompt + output) // block_size + n)))
+        bs = row_block_size or block_size
+        runs.append((kind, workload, EngineConfig(max_num_seqs=max(n, 1), max_num_batched_tokens=budget, block_size=bs,
+                                                  num_kv_blocks=2 + n * (prompt + output) // bs + n)))
     return runs
 
 
-def run_grid(model: Any, seed: int = 0, repeats: int = 2, rows: Sequence[int] | None = None
-             ) -> list[list[RunMetrics]]:
+def run_grid(model: Any, seed: int = 0, repeats: int = 2, rows: Sequence[int] | None = None,
+             block_size: int = EngineConfig.block_size) -> list[list[RunMetrics]]:
     """Run the grid's workloads (`rows`: which, default all) on the real engine (`model`: a `LoadedModel`),
     `repeats` passes over the whole grid; returns every run, one list per workload.
 
@@ -133,7 +139,7 @@ def run_grid(model: Any, seed: int = 0, repeats: int = 2, rows: Sequence[int] | 
     # (fidelity, the simulator's defaults) work without torch.
     from ref_engine import bench
 
-    runs = grid_workloads(seed)
+    runs = grid_workloads(seed, block_size)
     chosen = [runs[i] for i in (range(len(runs)) if rows is None else rows)]
     bench.run(runs[0][1], runs[0][2], model=model)
     passes = [[bench.run(workload, config, model=model) for _, workload, config in chosen] for _ in range(repeats)]
@@ -230,27 +236,28 @@ def measure_copy_bandwidth(num_bytes: int = 256 << 20, repeats: int = 5) -> floa
     return 2 * num_bytes / best
 
 
-def fit_profile(arch: ArchConfig, steps: list[tuple[str, StepRecord]], *, dtype: str, memory_bandwidth: float,
-                block_size: int = EngineConfig.block_size, name: str = "calibrated", provenance: dict[str, Any] | None = None
+def fit_profile(arch: ArchConfig, steps: list[tuple[str, BatchShape, float]], *, dtype: str, memory_bandwidth: float,
+                name: str = "calibrated", provenance: dict[str, Any] | None = None
                 ) -> tuple[HardwareProfile, list[CalibrationPoint]]:
-    """Fit the overheads and the effective FLOP/s of the sum form to measured steps, with the memory
-    bandwidth given (measured separately); returns the profile and per-point errors."""
+    """Fit the overheads and the effective FLOP/s of the sum form to measured steps (kind, shape with its
+    blocks counted, seconds), with the memory bandwidth given (measured separately); returns the profile and
+    per-point errors."""
     if len(steps) < len(FITTED):
         raise ValueError(f"need at least {len(FITTED)} measured steps to fit, got {len(steps)}")
     # Any positive rates will do for building features: roofline_features does not depend on them.
     probe = HardwareProfile(name="probe", peak_flops={dtype: 1.0}, memory_bandwidth=1.0, memory_bytes=0,
                             combine="sum")
-    features_of = CostModel(arch, probe, dtype=dtype, block_size=block_size).roofline_features
-    shapes = [BatchShape.from_step(s) for _, s in steps]
+    features_of = CostModel(arch, probe, dtype=dtype).roofline_features
+    shapes = [shape for _, shape, _ in steps]
     features = np.array([features_of(shape) for shape in shapes])
     X = features[:, [ROOFLINE_UNKNOWNS.index(u) for u in FITTED]]
     bytes_moved = features[:, ROOFLINE_FEATURE_NAMES.index("bytes_per_device")]  # a known price: 1 / BW
-    y = np.array([s.duration for _, s in steps])
+    y = np.array([seconds for _, _, seconds in steps])
     memory_s = bytes_moved / memory_bandwidth
     # Weight rows by 1/time so that small (decode) steps count as much as big prefills (the fit then
     # minimises relative error, which is what every lesson reports), and by 1/(steps of its kind) so that
     # the few prefill steps weigh as much as the many decode steps.
-    kinds = [kind for kind, _ in steps]
+    kinds = [kind for kind, _, _ in steps]
     w = 1.0 / (y * np.array([kinds.count(kind) for kind in kinds]))
     coef, _ = nnls(X * w[:, None], (y - memory_s) * w)
     fitted = dict(zip(FITTED, coef))
@@ -268,12 +275,18 @@ def fit_profile(arch: ArchConfig, steps: list[tuple[str, StepRecord]], *, dtype:
         provenance=dict(provenance or {}))
     predicted = X @ coef + memory_s
     points = [CalibrationPoint(kind, shape, float(m), float(p))
-              for (kind, _), shape, m, p in zip(steps, shapes, y, predicted)]
+              for (kind, _, _), shape, m, p in zip(steps, shapes, y, predicted)]
     errors = np.abs([p.error_pct for p in points])
     profile.provenance.update(fit_mean_abs_error_pct=round(float(errors.mean()), 2),
                               fit_p90_abs_error_pct=round(float(np.percentile(errors, 90)), 2),
                               num_points=len(points))
     return profile, points
+
+
+def grid_shape(step: StepRecord, block_size: int) -> BatchShape:
+    """A measured step's shape, its KV blocks counted at the block size its grid row ran with."""
+    blocks = sum([cdiv(c + q, block_size) for q, c in zip(step.query_lens, step.context_lens)])
+    return replace(BatchShape.from_step(step), num_blocks_touched=blocks)
 
 
 def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: str = "float32",
@@ -294,12 +307,13 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
     block_size = (config or EngineConfig()).block_size
     with torch_threads(threads):
         cpu_before = cpu_clock()
-        runs = run_grid(loaded, seed)
+        runs = run_grid(loaded, seed, block_size=block_size)
         steadiness_fields = steadiness(runs, cpu_before, cpu_clock())
         bandwidth = measure_copy_bandwidth()
         num_threads = torch.get_num_threads()
     fastest = fastest_runs(runs)
-    steps = [(kind, step) for (kind, *_), run in zip(CALIBRATION_GRID, fastest) for step in run.steps]
+    steps = [(kind, grid_shape(step, row_block_size or block_size), step.duration)
+             for (kind, *_, row_block_size), run in zip(CALIBRATION_GRID, fastest) for step in run.steps]
     device = next(loaded.model.parameters()).device
     provenance = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
@@ -310,8 +324,7 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
         **steadiness_fields,
     }
     profile, points = fit_profile(loaded.arch, steps, dtype=numerics, memory_bandwidth=bandwidth,
-                                  block_size=block_size, name=calibrated_profile_name(device.type, numerics, threads),
-                                  provenance=provenance)
+                                  name=calibrated_profile_name(device.type, numerics, threads), provenance=provenance)
     if verbose:
         print(format_fit(points))
         print(f"mean |error| {profile.provenance['fit_mean_abs_error_pct']}%, "

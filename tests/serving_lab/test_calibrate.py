@@ -239,10 +239,9 @@ def test_the_int8_engine_gets_a_profile_of_its_own_that_prices_int8(monkeypatch,
 
 def test_the_fit_recovers_every_term_of_a_known_machine():
     """Steps priced by a known "sum" profile (SmolLM2's shapes, the calibration grid's kinds: decode at
-    batch 1-64, prompt chunks with and without logits, mixed steps, verifies) are fitted back to it, every
-    fitted term within 1e-6. A fit whose unknowns share a column (as per-token overhead and 1/FLOP/s once
+    batch 1-64, some at other block sizes, prompt chunks with and without logits, mixed steps, verifies) are
+    fitted back to it, every fitted term within 1e-6. A fit whose unknowns share a column (as per-token overhead and 1/FLOP/s once
     did) could not recover them: its rate would come out anywhere, often 1e30 FLOP/s."""
-    from ref_engine.core.metrics import StepRecord
     from ref_engine.model.arch_config import ArchConfig
     from sim.cost_model import BatchShape, CostModel
 
@@ -254,10 +253,9 @@ def test_the_fit_recovers_every_term_of_a_known_machine():
     shapes += [BatchShape((n,), (c,), num_logit_rows=rows) for n, c, rows in
                ((16, 0, 1), (256, 0, 1), (256, 256, 0), (256, 768, 1), (1024, 0, 1))]
     shapes += [BatchShape((128,) + (1,) * 6, (300,) * 7), BatchShape.verify(1, 150, 5), BatchShape.verify(4, 150, 3)]
+    shapes += [BatchShape((1,) * 8, (256,) * 8, num_blocks_touched=8 * 257), BatchShape((1,) * 8, (256,) * 8, 8 * 3)]
     price = CostModel(arch, known, dtype="float32").step_time
-    steps = [("decode" if max(s.query_lens) == 1 else "other",
-              StepRecord(i, 0.0, price(s), s.query_lens, s.context_lens, 0.0, 0, 0, 0, num_logit_rows=s.num_logit_rows))
-             for i, s in enumerate(shapes)]
+    steps = [("decode" if max(s.query_lens) == 1 else "other", s, price(s)) for s in shapes]
     fitted, points = calibration.fit_profile(arch, steps, dtype="float32", memory_bandwidth=known.memory_bandwidth)
     for term in ("step_overhead_s", "per_seq_overhead_s", "per_block_overhead_s", "attention_efficiency",
                  "weight_packing_passes"):

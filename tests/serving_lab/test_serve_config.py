@@ -134,8 +134,9 @@ def test_the_shipped_manifest_serves_and_sigterm_drains(tiny):
             short_started, long_started = asyncio.Event(), asyncio.Event()
             short = asyncio.create_task(collect(http, {"prompt": "short", "max_tokens": 20}, short_started))
             await short_started.wait()
-            # 8 choices of 240 tokens, 2 at a time: hundreds of steps, far beyond the graceful timeout
-            long = asyncio.create_task(collect(http, {"prompt": "long", "max_tokens": 240, "n": 8}, long_started))
+            # 32 choices of 240 tokens, 2 at a time: ~3,800 steps, beyond the graceful timeout even on a fast,
+            # quiet machine (8 choices once finished within it there)
+            long = asyncio.create_task(collect(http, {"prompt": "long", "max_tokens": 240, "n": 32}, long_started))
             await long_started.wait()
             server.handle_exit(signal.SIGTERM, None)
             signalled = time.monotonic()
