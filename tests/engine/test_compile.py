@@ -10,6 +10,7 @@ The tiny model compiles in a few seconds, once per test process: every engine sh
 from __future__ import annotations
 
 import pytest
+from batched_regimes import BATCHED_REGIMES, regime_prompts
 
 from ref_engine import LLM, LLMEngine, SamplingParams
 from ref_engine.model.compile import CompileError
@@ -21,15 +22,9 @@ def tiny(make_tiny_hf_model):
     return load_model(make_tiny_hf_model("llama", name="compile-llama"))
 
 
-@pytest.mark.parametrize("knobs", [
-    dict(max_num_batched_tokens=16),  # chunked prefill
-    dict(num_kv_blocks=24, max_num_seqs=16, preemption_mode="recompute"),
-    dict(num_kv_blocks=24, max_num_seqs=16, preemption_mode="swap", num_swap_blocks=64),
-    dict(speculative_method="ngram", num_speculative_tokens=3),
-], ids=["chunked-prefill", "preempt-recompute", "preempt-swap", "ngram-speculation"])
+@BATCHED_REGIMES
 def test_compiled_float32_is_token_exact_in_every_batched_regime(tiny, knobs):
-    prompts = [[1 + (i * 7 + j) % 200 for j in range(20 + 3 * i)] for i in range(12)]
-    prompts += [prompts[0][:16] + [9, 9, 9, i] for i in range(4)]  # a shared 16-token prefix: cache hits
+    prompts = regime_prompts()
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     eager, compiled = (LLM(tiny, enforce_eager=enforce_eager, **knobs) for enforce_eager in (True, False))
     expected = [o.outputs[0].token_ids for o in eager.generate(prompts, params, use_tqdm=False)]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from batched_regimes import BATCHED_REGIMES, regime_prompts
 
 from ref_engine import LLM, SamplingParams
 from ref_engine.model.loader import load_model
@@ -52,17 +53,11 @@ def tiny_folder(make_tiny_hf_model):
     return make_tiny_hf_model("llama", name="fast-paths-llama")
 
 
-@pytest.mark.parametrize("knobs", [
-    dict(max_num_batched_tokens=16),  # chunked prefill
-    dict(num_kv_blocks=24, max_num_seqs=16, preemption_mode="recompute"),
-    dict(num_kv_blocks=24, max_num_seqs=16, preemption_mode="swap", num_swap_blocks=64),
-    dict(speculative_method="ngram", num_speculative_tokens=3),
-], ids=["chunked-prefill", "preempt-recompute", "preempt-swap", "ngram-speculation"])
+@BATCHED_REGIMES
 @pytest.mark.parametrize("name", [runnable(n) for n in PATHS])
 def test_a_fast_path_runs_every_batched_regime_to_the_last_token(tiny_folder, name, knobs):
     path = PATHS[name]
-    prompts = [[1 + (i * 7 + j) % 200 for j in range(20 + 3 * i)] for i in range(12)]
-    prompts += [prompts[0][:16] + [9, 9, 9, i] for i in range(4)]  # a shared 16-token prefix: cache hits
+    prompts = regime_prompts()
     llm = LLM(load_model(tiny_folder, **path.load), kv_cache_dtype=path.kv_cache_dtype, **knobs)
     outputs = llm.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in outputs] == [24] * len(prompts)
