@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from step_profile import median_wall
 
 from ref_engine.model.arch_config import ArchConfig
 
@@ -33,13 +33,9 @@ BLOCK_SIZE = 16
 
 
 def median_ms(run: Callable[[], object], repeats: int) -> float:
+    """Median milliseconds of `repeats` calls after one warm-up call."""
     run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2] * 1e3
+    return median_wall(run, repeats) * 1e3
 
 
 def forms(arch: ArchConfig, batch: int, context: int) -> tuple[dict[str, Callable[[], object]], int]:

@@ -251,7 +251,7 @@ class RunMetrics:
             prefix_cache_queries=n_in, prefix_cache_hits=hits,
             prefix_cache_hit_rate=hits / n_in if n_in else 0.0,
             steps=steps,
-            **_spec_decode_counts(steps),
+            **spec_decode_counts(steps),
             requests=tuple(RequestRecord.from_request(r) for r in requests),
             per_tenant=_per_tenant(done),
         )
@@ -312,7 +312,9 @@ def _per_tenant(done: list[Request]) -> dict[str, TenantStats]:
     return table
 
 
-def _spec_decode_counts(steps: list[StepRecord]) -> dict[str, object]:
+def spec_decode_counts(steps: list[StepRecord]) -> dict[str, object]:
+    """The speculative-decoding counts of these steps' verifies (the `RunMetrics` fields of the same names);
+    empty when no step verified drafts."""
     verified = [(drafted, accepted) for s in steps for _, drafted, accepted in s.verified]
     if not verified:
         return {}

@@ -12,7 +12,7 @@ from typing import Any
 
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.math_utils import cdiv
-from ref_engine.core.metrics import RunMetrics
+from ref_engine.core.metrics import RunMetrics, spec_decode_counts
 from ref_engine.core.workload import Workload
 from serving_lab.experiments.common import Sides, machine_slowdown, metrics_row
 from sim.cost_model import BatchShape, CostModel
@@ -165,14 +165,13 @@ def acceptance_by_temperature(model: Any, prompts: list[list[int]], temperatures
         params = [SamplingParams(max_tokens=output_len, temperature=temperature, seed=seed + i, ignore_eos=True)
                   for i in range(len(prompts))]
         llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        verified = [(d, a) for s in llm.llm_engine.step_records for _, d, a in s.verified]
-        drafted, accepted = sum(d for d, _ in verified), sum(a for _, a in verified)
-        by_position = tuple(sum(a > i for d, a in verified if d > i) / max(1, sum(d > i for d, _ in verified))
-                            for i in range(k))
-        rows.append({"temperature": temperature, "num_verifies": len(verified), "num_draft_tokens": drafted,
-                     "num_accepted_tokens": accepted, "acceptance_rate": accepted / drafted if drafted else 0.0,
-                     "tokens_per_verify": 1 + accepted / len(verified) if verified else 1.0,
-                     "acceptance_by_position": by_position})
+        counts = spec_decode_counts(llm.llm_engine.step_records)
+        rows.append({"temperature": temperature, "num_verifies": counts.get("num_drafts", 0),
+                     "num_draft_tokens": counts.get("num_draft_tokens", 0),
+                     "num_accepted_tokens": counts.get("num_accepted_tokens", 0),
+                     "acceptance_rate": counts.get("draft_acceptance_rate", 0.0),
+                     "tokens_per_verify": counts.get("mean_acceptance_length", 1.0),
+                     "acceptance_by_position": counts.get("acceptance_by_position", ())})
     return rows
 
 
