@@ -85,6 +85,17 @@ def test_batched_greedy_equals_transformers(regime, loaded, prompts, reference):
     assert llm.llm_engine.scheduler.kv_cache_manager.block_pool.num_free_blocks == llm.llm_engine.num_kv_blocks
 
 
+def test_a_step_is_stamped_from_the_clock_reading_its_caller_gives(loaded):
+    engine = LLMEngine(loaded)
+    engine.add_request("a", [5, 6, 7], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    engine.reset_clock()
+    engine.step(now=0.0)
+    engine.step()
+    first, second = engine.step_records
+    assert first.start == 0.0 and first.duration >= 0.0 and first.num_logit_rows == 1
+    assert second.start >= first.start + first.duration
+
+
 def test_seeded_sampling_is_the_same_alone_and_in_a_batch(loaded, prompts):
     params = SamplingParams(max_tokens=20, temperature=0.9, top_p=0.95, seed=1234, ignore_eos=True)
     alone = LLM(loaded).generate([prompts[3]], params, use_tqdm=False)[0].outputs[0].token_ids

@@ -237,6 +237,29 @@ def test_the_int8_engine_gets_a_profile_of_its_own_that_prices_int8(monkeypatch,
     assert run.completed == 4 and run.duration > 0
 
 
+def test_the_grid_runs_in_interleaved_passes_with_its_rows_block_sizes(monkeypatch):
+    from ref_engine import bench
+    from ref_engine.core.metrics import StepRecord
+
+    ran = []
+    monkeypatch.setattr(bench, "run", lambda workload, config, model=None: ran.append(config.block_size) or
+                        (workload.requests[0].prompt_len, config.block_size))
+    rows = [0, 14, 15]  # a row at the calibration's block size, then the 1- and 128-token ones
+    runs = calibration.run_grid(None, rows=rows, block_size=32)
+    assert ran == [32, 32, 1, 128, 32, 1, 128]  # a throw-away run, then pass 1 and pass 2 over the rows
+    assert [[r[1] for r in repeated] for repeated in runs] == [[32, 32], [1, 1], [128, 128]]
+    step = StepRecord(0, 0.0, 0.1, (1, 1), (255, 20), 0.0, 0, 0, 0)
+    assert calibration.grid_shape(step, 1).num_blocks_touched == 256 + 21
+    assert calibration.grid_shape(step, 128).num_blocks_touched == 2 + 1
+
+
+def test_a_quantized_model_cannot_be_calibrated_as_another_numeric_path(tiny):
+    from ref_engine.model.loader import quantized
+
+    with pytest.raises(ValueError, match="needs the float32 one"):
+        calibration.engine_model(quantized(tiny, "int8"), "float32", None)
+
+
 def test_the_fit_recovers_every_term_of_a_known_machine():
     """Steps priced by a known "sum" profile (SmolLM2's shapes, the calibration grid's kinds: decode at
     batch 1-64, some at other block sizes, prompt chunks with and without logits, mixed steps, verifies) are

@@ -43,6 +43,27 @@ def test_same_seed_gives_identical_metrics_to_the_last_digit():
     assert runs[0].steps == runs[1].steps
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_run_pauses_the_garbage_collector_and_gives_it_back_as_it_was(enabled):
+    import gc
+
+    seen = []
+
+    class Watching(ReplayTimer):
+        def step_time(self, output):
+            seen.append(gc.isenabled())
+            return 0.01
+
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        Simulator(**SMALL, config=EngineConfig(max_num_seqs=8), step_timer=Watching([])).run(small_workload(seed=3, n=4))
+        assert seen and not any(seen)  # off during every step
+        assert gc.isenabled() is enabled  # restored
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
 def test_different_seeds_give_different_metrics():
     simulator = Simulator(**SMALL, config=EngineConfig(max_num_seqs=8, max_num_batched_tokens=64))
     assert simulator.run(small_workload(seed=1)).to_dict() != simulator.run(small_workload(seed=2)).to_dict()
