@@ -22,11 +22,12 @@ from engine_core_faults import POISON_MIN_P, PoisonedEngineArgs
 
 from ref_engine import LLM, SamplingParams
 from ref_engine.async_engine.async_llm import AsyncLLM
-from ref_engine.entrypoints.openai.api_server import ApiKey, build_app
+from ref_engine.entrypoints.openai.api_server import build_app
+from ref_engine.entrypoints.openai.tenants import ApiKey
 from serving_lab import cli
 from serving_lab.manifest import EXAMPLE_MANIFEST
 
-KEYS = {"key-acme": ApiKey("acme"), "key-globex": ApiKey("globex")}
+KEYS = {"key-acme": ApiKey("acme"), "key-globex": ApiKey("globex"), "key-ops": ApiKey("ops", admin=True)}
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 MAX_PENDING = 64
@@ -297,7 +298,8 @@ def test_bad_input_gets_its_status_and_the_server_keeps_serving(url, client, cas
 
 
 def test_admission_control_answers_429_past_the_cap(url):
-    assert_error(post(url, "/v1/completions", {"prompt": "too many", "n": MAX_PENDING + 1}), 429)
+    # more choices than the cap could ever admit: no retry helps, so a 400 naming n, not a 429
+    assert_error(post(url, "/v1/completions", {"prompt": "too many", "n": MAX_PENDING + 1}), 400, "n")
     body = {"prompt": "hold", "max_tokens": 240, "n": MAX_PENDING, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", f"{url}/v1/completions", json=body, headers={"Authorization": "Bearer key-acme"},
                       timeout=60) as held:  # the cap's worth of requests, streaming
@@ -359,7 +361,7 @@ def test_models_tokenize_detokenize_reset(url):
     assert post(url, "/detokenize", {"tokens": tokens["tokens"]}).json()["prompt"] == "héllo"
     chat = post(url, "/tokenize", {"messages": [{"role": "user", "content": "x"}]}).json()
     assert post(url, "/detokenize", {"tokens": chat["tokens"]}).json()["prompt"] == "<|user|>x\n<|assistant|>"
-    assert post(url, "/reset_prefix_cache", {}).status_code == 200
+    assert post(url, "/reset_prefix_cache", {}, key="key-ops").status_code == 200  # an admin resets all
     response = httpx.get(f"{url}/v1/models", headers={"X-Request-Id": "mine-1"})
     assert_error(response, 401)
     assert response.headers["x-request-id"] == "mine-1"
