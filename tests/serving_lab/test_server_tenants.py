@@ -13,6 +13,7 @@ import json
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -20,6 +21,8 @@ import pytest
 from ref_engine.core.config import EngineConfig
 from ref_engine.entrypoints.openai.admission import Admission, AdmissionRefused
 from ref_engine.entrypoints.openai.api_server import build_server
+from ref_engine.entrypoints.openai.protocol import CompletionRequest
+from ref_engine.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from ref_engine.entrypoints.openai.tenants import (
     ApiKey,
     TenantPolicy,
@@ -96,6 +99,14 @@ def test_serve_says_the_server_is_one_tenant_without_keys(capsys):
     args = cli.build_parser().parse_args(["serve"])
     build_server(args, cli.serve_config(args))
     assert "every client is one tenant" in capsys.readouterr().out
+
+
+def test_without_keys_the_engine_prompt_names_no_tenant_and_user_only_groups():
+    serving = OpenAIServingCompletion(SimpleNamespace(), "m", Admission(8))
+    request = CompletionRequest(prompt="x", user="bob", cache_salt="s")
+    assert serving.engine_prompt([1, 2], request, None) == {"prompt_token_ids": [1, 2], "priority": 0,
+                                                            "user": "bob", "cache_salt": "s"}
+    assert serving.engine_prompt([1, 2], request, "acme")["tenant"] == "acme"  # only an authenticated one
 
 
 class Clock:
