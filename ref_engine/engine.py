@@ -372,7 +372,7 @@ class LLMEngine:
         tenant = cache_salt = None
         priority = 0
         if isinstance(prompt, dict):
-            unknown = set(prompt) - {"prompt", "prompt_token_ids", "tenant", "cache_salt", "priority"}
+            unknown = set(prompt) - {"prompt", "prompt_token_ids", "tenant", "cache_salt", "priority", "user"}
             if unknown:
                 raise ValueError(f"prompt dict has unknown key(s) {sorted(unknown)}; expected 'prompt' or "
                                  "'prompt_token_ids', optionally 'tenant', 'cache_salt' and 'priority'")

@@ -5,7 +5,7 @@ deltas as steps produce them, the last with `finished=True`. One task (`_output_
 core's outputs and puts each into its request's queue, so a slow client only fills its own queue. When the
 consumer stops early (the HTTP client disconnected: the server closes or cancels the iterator), the
 request is aborted in the core, which frees its KV blocks. A request the core failed raises
-`EngineGenerateError` in its own stream only.
+`EngineGenerateError` in its own stream only, and so does an output this process fails to handle.
 
 Lesson: lessons/06-architecture-map.md (the engine core and the API server).
 """
@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from ref_engine.async_engine.core import EngineArgs
@@ -44,6 +46,14 @@ class EngineGenerateError(RuntimeError):
         self.invalid = error.invalid
 
 
+@dataclass
+class _Stream:
+    """One open request: its outputs' queue, and whether its first output came (its prompt is counted then)."""
+
+    queue: asyncio.Queue[RequestOutput | RequestError | EngineDeadError] = field(default_factory=asyncio.Queue)
+    started: bool = False
+
+
 class AsyncLLM:
     def __init__(self, engine_args: EngineArgs, model_name: str | None = None) -> None:
         """`model_name`: the name clients use (the model's id if None)."""
@@ -53,7 +63,7 @@ class AsyncLLM:
         self.model_config: EngineCoreReady | None = None
         self.tokenizer: Tokenizer | None = None
         self.stat_logger: PrometheusStatLogger | None = None
-        self._streams: dict[str, asyncio.Queue[RequestOutput | RequestError | EngineDeadError]] = {}
+        self._streams: dict[str, _Stream] = {}  # open requests only: a stream leaves as it ends
         self._output_task: asyncio.Task[None] | None = None
         self.dead_error: str | None = None  # why the engine core is gone, once it is
         self.tracer = RequestTracer() if engine_args.trace_requests else None  # --trace-requests
@@ -71,21 +81,24 @@ class AsyncLLM:
         """Requests sent to the engine whose streams are still open (what admission control counts)."""
         return len(self._streams)
 
-    async def generate(self, prompt: dict[str, Any], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
-        """Stream one request's outputs. `prompt` is `LLMEngine.add_request`'s dict form."""
+    async def generate(self, prompt: dict[str, Any], params: SamplingParams, request_id: str,
+                       arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream one request's outputs. `prompt` is `LLMEngine.add_request`'s dict form; `arrival_time`
+        (time.perf_counter()) is when the request reached the server, where TTFT and e2e latency start
+        (None: now)."""
         if self.dead_error is not None:
             raise EngineDeadError(self.dead_error)
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        queue: asyncio.Queue[RequestOutput | RequestError | EngineDeadError] = asyncio.Queue()
-        self._streams[request_id] = queue
+        stream = self._streams[request_id] = _Stream()
+        queue = stream.queue
+        arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         params = dataclasses.replace(params, output_kind=RequestOutputKind.DELTA)
         finished = False
         try:
             if self.tracer is not None:
                 self.tracer.record(request_id, "sent_to_core")
-            await self.client.add_request(EngineCoreRequest(request_id, prompt, params))
+            await self.client.add_request(EngineCoreRequest(request_id, prompt, params, arrival_time))
             while not finished:
                 item = await queue.get()
                 if isinstance(item, EngineDeadError):
@@ -108,7 +121,7 @@ class AsyncLLM:
         self._streams.pop(request_id, None)
         if self.dead_error is None:
             self.client.abort_requests([request_id])
-        self.stat_logger.record_abort(request_id)
+        self.stat_logger.record_abort()
 
     def abort_all(self, reason: str) -> None:
         """End every open stream with `EngineDeadError(reason)` (the server is going, so the client should
@@ -116,9 +129,10 @@ class AsyncLLM:
         graceful shutdown whose requests outlived the drain."""
         self._end_streams(EngineDeadError(reason), abort_in_core=True)
 
-    async def reset_prefix_cache(self) -> bool:
-        """Forget the prefix cache; False while requests hold blocks (nothing changes then)."""
-        return await self.client.call_utility("reset_prefix_cache")
+    async def reset_prefix_cache(self, tenant: str | None = None) -> bool:
+        """Forget the prefix cache (only `tenant`'s entries when given), under load too: blocks in use leave
+        the cache index now and are freed when their requests finish."""
+        return await self.client.call_utility("reset_prefix_cache", *(() if tenant is None else (tenant,)))
 
     async def _output_handler(self) -> None:
         try:
@@ -126,21 +140,36 @@ class AsyncLLM:
                 outputs = await self.client.get_output()
                 if self.tracer is not None:
                     self._trace(outputs)
+                self.stat_logger.record_stats(outputs)
                 for output in outputs.outputs:
-                    queue = self._streams.get(output.request_id)
-                    if queue is not None:  # None: aborted meanwhile
-                        queue.put_nowait(output)
+                    self._route(output)
                 for request_id, error in outputs.errors.items():
-                    queue = self._streams.get(request_id)
-                    if queue is not None:
-                        queue.put_nowait(error)
-                self.stat_logger.record(outputs)
+                    stream = self._streams.get(request_id)
+                    if stream is not None:
+                        stream.queue.put_nowait(error)
         except EngineDeadError as error:
             logger.error("%s", error)
             self._fail_all(str(error))
         except Exception:  # a bug here would leave every stream waiting forever: end them instead
             logger.exception("the output handler failed")
             self._fail_all("the server's output handler failed")
+
+    def _route(self, output: RequestOutput) -> None:
+        """Count one output and hand it to its stream (None: aborted meanwhile). An error here fails this
+        request only: a bug in one output's handling must not end every stream."""
+        stream = self._streams.get(output.request_id)
+        try:
+            self.stat_logger.record_output(output, first=stream is not None and not stream.started)
+        except Exception as error:
+            logger.exception("request %s: its output could not be handled", output.request_id)
+            if stream is not None:
+                stream.queue.put_nowait(RequestError(f"the server failed on this request's output: "
+                                                     f"{type(error).__name__}"))
+                self.abort(output.request_id)
+            return
+        if stream is not None:
+            stream.started = True
+            stream.queue.put_nowait(output)
 
     def _trace(self, outputs: EngineCoreOutputs) -> None:
         """Keep the core's events, and when each output reached this process."""
@@ -157,8 +186,8 @@ class AsyncLLM:
     def _end_streams(self, error: Exception, *, abort_in_core: bool) -> None:
         """Put `error` on every open stream; with `abort_in_core`, also abort its request in the core, which
         frees its blocks (pointless once the core is gone)."""
-        for request_id, queue in list(self._streams.items()):
-            queue.put_nowait(error)
+        for request_id, stream in list(self._streams.items()):
+            stream.queue.put_nowait(error)
             if abort_in_core:
                 self.abort(request_id)
 

@@ -11,10 +11,15 @@ thread or a reader callback on its file descriptor; ZeroMQ also queues messages 
 busy, so the core reads them between steps. (The disaggregated pair of lesson 3, `ref_engine/disagg/`,
 uses a pipe: its router is synchronous.)
 
-Failures stay with their request: an `add_request` that raises ValueError refuses that request only
-(`RequestError(invalid=True)`); a sampling error is pinned on its request by the engine itself
-(`finish_reason="error"`); an exception the engine cannot pin on one request fails the requests the
-step had running, and the loop goes on. The process ignores SIGINT (Ctrl-C reaches the whole process
+Failures stay with their request: an `add_request` that raises refuses that request only
+(`RequestError`, `invalid` for a ValueError); a sampling error is pinned on its request by the engine itself
+(`finish_reason="error"`). An exception the engine cannot pin on one request fails the likeliest culprits
+and the loop goes on: the requests added since the last good step if any (a new request that breaks
+scheduling), else those the step had running, else every unfinished one. Each failed step thus removes
+at least one request, so a bad request can never make every later step fail (and the log grow).
+
+A request's arrival is the API server's (`EngineCoreRequest.arrival_time`), so TTFT and end-to-end
+latency include HTTP parsing, tokenization and the hop here, as vLLM measures them. The process ignores SIGINT (Ctrl-C reaches the whole process
 group; the API server decides), and on `Shutdown` aborts what is left, which frees its blocks, and tells
 each stream.
 
@@ -49,6 +54,7 @@ from ref_engine.async_engine.messages import (
 )
 from ref_engine.async_engine.tracing import TraceEvent, step_events
 from ref_engine.core.metrics import StepRecord
+from ref_engine.core.request import RequestStatus
 from ref_engine.engine import LLMEngine
 from ref_engine.outputs import RequestOutput
 
@@ -111,6 +117,8 @@ class EngineCore:
         self.output_socket = output_socket
         self.parent_pid = os.getppid()
         self.trace_events: list[TraceEvent] | None = [] if trace else None  # sent with the next outputs
+        self._added_since_step: list[str] = []  # the suspects when a step fails
+        self._preempted: set[str] = set()  # unfinished requests preempted at least once (counted once)
 
     def run(self) -> None:
         engine = self.engine
@@ -138,14 +146,7 @@ class EngineCore:
 
     def _handle(self, message: Any) -> None:
         if isinstance(message, EngineCoreRequest):
-            if self.trace_events is not None:
-                self.trace_events.append(TraceEvent(
-                    message.request_id, "queued", time.perf_counter(), "engine_core",
-                    {"num_prompt_tokens": len(message.prompt.get("prompt_token_ids", ()))}))
-            try:
-                self.engine.add_request(message.request_id, message.prompt, message.params)
-            except ValueError as error:
-                self._send(EngineCoreOutputs(errors={message.request_id: RequestError(str(error), invalid=True)}))
+            self._add_request(message)
         elif isinstance(message, AbortRequests):
             for request_id in message.request_ids:
                 self.engine.abort_request(request_id)
@@ -154,28 +155,59 @@ class EngineCore:
             try:
                 if message.method not in UTILITY_METHODS:
                     raise ValueError(f"unknown utility method {message.method!r}")
-                result = getattr(self.engine, message.method)()
+                result = getattr(self.engine, message.method)(*message.args)
             except Exception as error:
                 result = RuntimeError(f"{message.method} failed: {type(error).__name__}: {error}")
             self._send(UtilityOutput(message.call_id, result))
         else:
             raise TypeError(f"unexpected message {type(message).__name__}")
 
+    def _add_request(self, message: EngineCoreRequest) -> None:
+        """Queue one request; any error refuses that request only (and leaves nothing of it queued)."""
+        request_id = message.request_id
+        if self.trace_events is not None:
+            self.trace_events.append(TraceEvent(
+                request_id, "queued", time.perf_counter(), "engine_core",
+                {"num_prompt_tokens": len(message.prompt.get("prompt_token_ids", ()))}))
+        # perf_counter is CLOCK_MONOTONIC on Linux (and system-wide on macOS and Windows): the API server's
+        # reading and this process's mean the same instant, so only the engine clock's origin differs
+        arrival_time = None if message.arrival_time is None else (
+            message.arrival_time - (time.perf_counter() - self.engine.now()))
+        known = self.engine.scheduler.get_request(request_id) is not None  # a duplicate id: leave the first
+        try:
+            self.engine.add_request(request_id, message.prompt, message.params, arrival_time=arrival_time)
+        except Exception as error:
+            if not isinstance(error, ValueError):
+                logger.exception("request %s could not be added", request_id)
+            if not known:
+                self.engine.abort_request(request_id)  # in case it got in before the error
+            self._send(EngineCoreOutputs(errors={request_id: RequestError(
+                str(error), invalid=isinstance(error, ValueError))}))
+            return
+        self._added_since_step.append(request_id)
+
     def _step(self) -> None:
         engine = self.engine
         try:
             outputs, errors = engine.step(), {}
-        except Exception as error:  # not pinned on one request: fail the ones the step had running
+        except Exception as error:
             logger.exception("engine step failed")
-            running = [r.request_id for r in engine.scheduler.running]
-            for request_id in running:
+            suspects = self._suspects()
+            for request_id in suspects:
                 engine.abort_request(request_id)
             outputs = []
-            errors = {r: RequestError(f"engine step failed: {type(error).__name__}: {error}") for r in running}
+            errors = {r: RequestError(f"engine step failed: {type(error).__name__}: {error}") for r in suspects}
+        self._added_since_step = []
         outputs_time = time.perf_counter()
         records, engine.step_records = engine.step_records, []  # a server runs for days: keep no log
-        self._send(EngineCoreOutputs(outputs, errors, self._stats(sum(r.num_preempted for r in records)),
+        self._send(EngineCoreOutputs(outputs, errors, self._stats(records),
                                      self._take_trace_events(records, outputs, outputs_time)))
+
+    def _suspects(self) -> list[str]:
+        """Whom a failed step fails (see the module docstring): never nobody while any request is unfinished."""
+        scheduler = self.engine.scheduler
+        added = [r for r in self._added_since_step if scheduler.get_request(r) is not None]
+        return added or [r.request_id for r in scheduler.running] or list(scheduler.requests)
 
     def _take_trace_events(self, records: list[StepRecord], outputs: list[RequestOutput],
                            outputs_time: float) -> list[TraceEvent]:
@@ -189,12 +221,27 @@ class EngineCore:
         events, self.trace_events = self.trace_events, []
         return events
 
-    def _stats(self, num_preempted: int = 0) -> SchedulerStats:
+    def _stats(self, records: list[StepRecord] = ()) -> SchedulerStats:
         scheduler = self.engine.scheduler
         kv = scheduler.kv_cache_manager
+        num_newly_preempted, num_waiting_preempted = self._track_preemptions(records)
         return SchedulerStats(
             num_running_reqs=len(scheduler.running), num_waiting_reqs=scheduler.num_waiting,
-            kv_cache_usage=kv.usage, num_used_blocks=kv.block_pool.num_used_blocks, num_preempted=num_preempted)
+            kv_cache_usage=kv.usage, num_used_blocks=kv.block_pool.num_used_blocks,
+            num_preempted=sum(r.num_preempted for r in records), num_preempted_reqs=num_newly_preempted,
+            num_waiting_preempted_reqs=num_waiting_preempted)
+
+    def _track_preemptions(self, records: list[StepRecord]) -> tuple[int, int]:
+        """(requests preempted for the first time in these steps, requests now waiting after a preemption).
+        Looks at the requests only while some step preempts or a preempted request is unfinished; the set
+        it keeps holds unfinished requests only."""
+        if not self._preempted and not any(r.num_preempted for r in records):
+            return 0, 0
+        requests = self.engine.scheduler.requests
+        preempted = {request_id for request_id, r in requests.items() if r.num_preemptions}
+        num_new = len(preempted - self._preempted)
+        self._preempted = preempted
+        return num_new, sum(1 for r in preempted if requests[r].status != RequestStatus.RUNNING)
 
     def _abort_all(self, reason: str) -> None:
         """Graceful shutdown: free every unfinished request's blocks and tell its stream why it ended."""

@@ -77,13 +77,13 @@ class EngineCoreClient:
         where every await would be cancelled too. A PUSH socket queues it without blocking."""
         self._input.send_pyobj(AbortRequests(request_ids), flags=zmq.NOBLOCK)
 
-    async def call_utility(self, method: str) -> Any:
-        """Run `LLMEngine.<method>()` in the core and return its result (`get_output` delivers it, so the
-        output loop must be running)."""
+    async def call_utility(self, method: str, *args: Any) -> Any:
+        """Run `LLMEngine.<method>(*args)` in the core and return its result (`get_output` delivers it, so
+        the output loop must be running)."""
         call_id = next(self._call_ids)
         future = asyncio.get_running_loop().create_future()
         self._pending_calls[call_id] = future
-        await self._input.send_pyobj(UtilityCall(call_id, method))
+        await self._input.send_pyobj(UtilityCall(call_id, method, args))
         return await future
 
     async def get_output(self) -> EngineCoreOutputs:

@@ -21,11 +21,12 @@ from ref_engine.sampling_params import SamplingParams
 @dataclass(frozen=True)
 class EngineCoreRequest:
     """One request, tokenized by the API server: `prompt` is `LLMEngine.add_request`'s dict form
-    (prompt_token_ids, tenant, cache_salt, priority)."""
+    (prompt_token_ids, tenant, user, cache_salt, priority)."""
 
     request_id: str
     prompt: dict[str, Any]
     params: SamplingParams
+    arrival_time: float | None = None  # time.perf_counter() when the API server got it (None: when the core does)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class UtilityCall:
 
     call_id: int
     method: str
+    args: tuple[Any, ...] = ()
 
 
 UTILITY_METHODS = frozenset({"reset_prefix_cache"})
@@ -85,7 +87,9 @@ class SchedulerStats:
     num_waiting_reqs: int
     kv_cache_usage: float  # fraction of KV blocks in use
     num_used_blocks: int
-    num_preempted: int  # preemptions in this step
+    num_preempted: int  # preemptions in this step (events)
+    num_preempted_reqs: int = 0  # requests preempted for the first time in this step
+    num_waiting_preempted_reqs: int = 0  # requests waiting (or swapped out) after a preemption, now
 
 
 @dataclass

@@ -1,12 +1,16 @@
 """`PrometheusStatLogger`: the engine's outputs and scheduler stats as Prometheus metrics, under vLLM's
-names (`vllm:` prefix, from vLLM's `vllm/v1/metrics/loggers.py`), so dashboards built for vLLM read ours;
-one more, `serving_lab:preempted_requests`, counts preempted sequences rather than preemption events.
+names (`vllm:` prefix, from vLLM's `vllm/v1/metrics/loggers.py`), so dashboards built for vLLM read ours.
+Three more, under `serving_lab:`: `preempted_requests_total` counts preempted sequences rather than
+preemption events (a request once, when it is first preempted), `num_requests_waiting_preempted` the
+requests waiting to resume after a preemption, and `request_failures_total{reason,status}` the requests
+the API server refused or failed (vLLM's `request_success_total` counts only those that finished).
 
-Latencies come from each finished request's `RequestMetrics`, taken on the engine core's clock: TTFT and
-end-to-end latency run from the core's arrival, so they leave out HTTP and the hop to the core (vLLM
-measures from the API server's arrival). Token counters move with every streamed delta; a request's prompt
-and prefix-cache counts are added with its first output. Each logger has its own registry, so two servers
-in one process (tests) never share counters.
+Latencies come from each finished request's `RequestMetrics`, whose arrival is the API server's (the
+middleware's stamp, carried to the core): TTFT and end-to-end latency include HTTP parsing, tokenization
+and the hop to the core, as vLLM measures them. Token counters move with every streamed delta; a request's
+prompt and prefix-cache counts are added with its first output (`AsyncLLM` says which output is first, so
+this logger keeps nothing per request). Each logger has its own registry, so two servers in one process
+(tests) never share counters.
 
 Lesson: lessons/06-architecture-map.md (what /metrics tells an operator).
 """
@@ -44,9 +48,14 @@ class PrometheusStatLogger:
         self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
         self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1).")
         self.num_preemptions = counter("vllm:num_preemptions", "Preemptions (events).")
-        # not a vLLM metric: the seed's `preempted_sequences` counts sequences, not events
+        # not vLLM metrics: the seed's `preempted_sequences` counts sequences, not events
         self.preempted_requests = counter("serving_lab:preempted_requests",
-                                          "Finished requests that were preempted at least once.")
+                                          "Requests preempted at least once, counted when first preempted.")
+        self.num_requests_waiting_preempted = gauge("serving_lab:num_requests_waiting_preempted",
+                                                    "Requests waiting to resume after a preemption.")
+        self.request_failures = Counter("serving_lab:request_failures",
+                                        "Requests the API server refused or failed, by reason and HTTP status.",
+                                        ["model_name", "reason", "status"], registry=self.registry)
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of started requests.")
         self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens.")
         self.prefix_cache_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
@@ -61,37 +70,35 @@ class PrometheusStatLogger:
                                                "Mean time per output token after the first, per request.")
         self.e2e_request_latency = histogram("vllm:e2e_request_latency_seconds", "Arrival to last token.")
         self.request_queue_time = histogram("vllm:request_queue_time_seconds", "Arrival to first scheduled.")
-        self._started: set[str] = set()
 
-    def record(self, outputs: EngineCoreOutputs) -> None:
+    def record_stats(self, outputs: EngineCoreOutputs) -> None:
+        """The scheduler's gauges and preemption counts after a step."""
         stats = outputs.scheduler_stats
         if stats is not None:
             self.num_requests_running.set(stats.num_running_reqs)
             self.num_requests_waiting.set(stats.num_waiting_reqs)
             self.kv_cache_usage.set(stats.kv_cache_usage)
             self.num_preemptions.inc(stats.num_preempted)
-        for output in outputs.outputs:
-            self._record_output(output)
-        for request_id in outputs.errors:
-            self._started.discard(request_id)
+            self.preempted_requests.inc(stats.num_preempted_reqs)
+            self.num_requests_waiting_preempted.set(stats.num_waiting_preempted_reqs)
 
-    def record_abort(self, request_id: str) -> None:
-        """The API server aborted this request (its client went away): no finished output will come."""
-        self._started.discard(request_id)
+    def record_abort(self) -> None:
+        """The API server aborted a request (its client went away): no finished output will come."""
         self.request_success.labels(self.model_name, "abort").inc()
 
-    def _record_output(self, output: RequestOutput) -> None:
+    def record_failure(self, reason: str, status: int) -> None:
+        """The API server refused a request or failed it (`reason`: a short fixed word, never user input)."""
+        self.request_failures.labels(self.model_name, reason, str(status)).inc()
+
+    def record_output(self, output: RequestOutput, first: bool) -> None:
+        """One streamed delta; `first`: the request's first output, which counts its prompt."""
         self.generation_tokens.inc(len(output.outputs[0].token_ids))
-        if output.request_id not in self._started:
-            self._started.add(output.request_id)
+        if first:
             self.prompt_tokens.inc(len(output.prompt_token_ids))
             self.prefix_cache_queries.inc(len(output.prompt_token_ids))
             self.prefix_cache_hits.inc(output.num_cached_tokens)
         if not output.finished:
             return
-        self._started.discard(output.request_id)
-        if output.num_preemptions:
-            self.preempted_requests.inc()
         self.request_success.labels(self.model_name, output.outputs[0].finish_reason).inc()
         m = output.metrics
         if m is None or m.first_token_time is None or m.finished_time is None:

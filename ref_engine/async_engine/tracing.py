@@ -17,6 +17,7 @@ Lesson: lessons/06-architecture-map.md#one-request-traced
 
 from __future__ import annotations
 
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -24,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ref_engine.core.metrics import StepRecord
+
+ENGINE_ID_SUFFIX = re.compile(r"\d+-[0-9a-f]{8}")  # what the server adds to an X-Request-Id (serving.py)
 
 
 @dataclass(frozen=True)
@@ -58,10 +61,11 @@ class RequestTracer:
             self._events.popitem(last=False)
 
     def timeline(self, request_id: str) -> list[TraceEvent]:
-        """The HTTP request's events and those of its engine requests (`<id>-<choice>`), in time order."""
+        """The HTTP request's events and those of its engine requests (`<id>-<choice>-<8 hex>`, the server's
+        ids), in time order. Two requests that reused one X-Request-Id share a timeline."""
         prefix = f"{request_id}-"
         return sorted((e for key, events in self._events.items()
-                       if key == request_id or (key.startswith(prefix) and key[len(prefix):].isdigit())
+                       if key == request_id or (key.startswith(prefix) and ENGINE_ID_SUFFIX.fullmatch(key[len(prefix):]))
                        for e in events), key=lambda e: e.time)
 
 

@@ -20,6 +20,7 @@ import httpx
 import pytest
 import yaml
 
+from ref_engine.entrypoints.openai.admission import Admission
 from ref_engine.entrypoints.openai.api_server import build_server
 from ref_engine.entrypoints.openai.protocol import CompletionRequest
 from ref_engine.entrypoints.openai.serving import OpenAIError
@@ -67,7 +68,7 @@ def test_a_manifest_that_does_not_stream_answers_stream_requests_with_400(tmp_pa
     cli.serve_config(args)
     assert args.allow_streaming is False
     engine = SimpleNamespace(model_config=SimpleNamespace(scheduling_policy="fair"))
-    serving = OpenAIServingCompletion(engine, "smollm2", 8, allow_streaming=args.allow_streaming)
+    serving = OpenAIServingCompletion(engine, "smollm2", Admission(8), allow_streaming=args.allow_streaming)
     serving.check_supported(CompletionRequest(prompt="x"))  # a whole response is fine
     with pytest.raises(OpenAIError) as error:
         serving.check_supported(CompletionRequest(prompt="x", stream=True))

@@ -24,7 +24,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", default=argparse.SUPPRESS,
                         help="the name clients use (default: the model's)")
     parser.add_argument("--api-key-file", default=None,
-                        help='JSON: {"<key>": {"tenant": "...", "weight": 1.0, "max_num_seqs": null}}')
+                        help='JSON: {"<key>": {"tenant": "...", "weight": 1.0, "max_num_seqs": null, '
+                             '"max_pending_requests": null, "token_budget": null, "budget_window_s": 60, '
+                             '"admin": false}}; without it every client is one tenant (a shared prefix cache)')
     parser.add_argument("--dtype", default=argparse.SUPPRESS, choices=["float32", "bfloat16"],
                         help="the weights' dtype (default: float32, the reference)")
     parser.add_argument("--quantization", default=argparse.SUPPRESS, choices=list(QUANTIZATION_METHODS),
@@ -38,6 +40,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduling-policy", default=None, choices=["fcfs", "priority", "fair"])
     parser.add_argument("--max-pending-requests", type=int, default=256,
                         help="admission control: open requests beyond this get 429")
+    parser.add_argument("--max-logprobs", type=int, default=20,
+                        help="the most logprobs / top_logprobs a request may ask for (vLLM's default: 20)")
     parser.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     parser.add_argument("--chat-template", default=None, help="a jinja2 chat template file (default: the model's)")
     parser.add_argument("--trace-requests", action="store_true",

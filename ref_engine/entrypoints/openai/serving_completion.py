@@ -15,9 +15,11 @@ from typing import Any
 from ref_engine.entrypoints.openai.logprobs import completion_logprobs
 from ref_engine.entrypoints.openai.protocol import CompletionRequest
 from ref_engine.entrypoints.openai.serving import (
+    CachedTokens,
     OpenAIError,
     OpenAIServing,
     accumulate,
+    check_text,
     created,
     sse,
     usage,
@@ -34,12 +36,16 @@ class OpenAIServingCompletion(OpenAIServing):
             raise OpenAIError(400, "prompt is empty", "prompt")
         if isinstance(prompt[0], int):
             prompt = [prompt]
+        for text in prompt:
+            if isinstance(text, str):
+                check_text(text, "prompt")
         tokenizer = self.engine.tokenizer
         return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
 
-    async def create_completion(self, request: CompletionRequest, request_id: str,
-                                tenant: str | None) -> dict[str, Any] | AsyncIterator[str]:
-        """The response body, or the SSE stream when `request.stream`."""
+    async def create_completion(self, request: CompletionRequest, request_id: str, tenant: str | None,
+                                arrival_time: float | None = None) -> dict[str, Any] | AsyncIterator[str]:
+        """The response body, or the SSE stream when `request.stream`. `tenant`: the authenticated tenant or
+        None; `arrival_time`: when the request reached the server (perf_counter)."""
         self.check_model(request.model)
         self.check_supported(request)
         if request.best_of is not None and request.best_of != request.n:
@@ -50,25 +56,28 @@ class OpenAIServingCompletion(OpenAIServing):
                                        request.logprobs) for ids in token_ids]
         prompts = [self.engine_prompt(ids, request, tenant) for ids in token_ids]
         choices = self.choices(request_id, len(prompts), request, params)
+        reservation = self.admit(tenant, choices, prompts)  # no await since the checks: atomic
         num_prompt_tokens = sum(len(ids) for ids in token_ids)
         head = {"id": f"cmpl-{request_id}", "object": "text_completion", "created": created(),
                 "model": self.served_model_name}
-        stream = self.generate(choices, prompts)
+        stream = self.generate(choices, prompts, reservation, arrival_time)
         if request.stream:
-            return self._stream(stream, head, request, num_prompt_tokens, request_id)
-        results = await accumulate(stream)
+            return self._stream(stream, head, request, num_prompt_tokens)
+        results, cached = await accumulate(stream)
         body = [{"index": i, "text": r.text, "finish_reason": r.finish_reason, "stop_reason": r.stop_reason,
                  "logprobs": self._logprobs(request, r.token_ids, r.logprobs, 0)}
                 for i, r in sorted(results.items())]
         return {**head, "choices": body,
-                "usage": usage(num_prompt_tokens, sum(len(r.token_ids) for r in results.values()))}
+                "usage": usage(num_prompt_tokens, sum(len(r.token_ids) for r in results.values()), cached)}
 
     async def _stream(self, stream: AsyncIterator, head: dict[str, Any], request: CompletionRequest,
-                      num_prompt_tokens: int, request_id: str) -> AsyncIterator[str]:
+                      num_prompt_tokens: int) -> AsyncIterator[str]:
         num_tokens = 0
         text_offsets: dict[int, int] = {}
+        cached = CachedTokens()
         try:
             async for choice, output in stream:
+                cached.add(choice, output)
                 completion = output.outputs[0]
                 num_tokens += len(completion.token_ids)
                 offset = text_offsets.get(choice.index, 0)
@@ -80,9 +89,9 @@ class OpenAIServingCompletion(OpenAIServing):
                 self.trace(choice.request_id, "chunk_sent", num_tokens=len(completion.token_ids))
                 yield chunk
         except OpenAIError as error:
-            yield sse(error.body())
+            yield self.stream_error(error)
         if request.stream_options and request.stream_options.include_usage:
-            yield sse({**head, "choices": [], "usage": usage(num_prompt_tokens, num_tokens)})
+            yield sse({**head, "choices": [], "usage": usage(num_prompt_tokens, num_tokens, cached)})
         yield sse("[DONE]")
 
     def _logprobs(self, request: CompletionRequest, token_ids: list[int], entries: list | None,
