@@ -24,8 +24,9 @@ Invariants, checked by `check_invariants` in the property tests:
 - a dropped block is in use and uncached.
 Ref counts are > 1 only when requests share a cached (or dropped) block.
 
-What the pool keeps for miss explanations (`explainable`) is bounded: the last `num_blocks` evicted
-hashes, and each cached block's parent (the index of siblings dies with the blocks).
+What the pool keeps for miss explanations (`explainable`) is bounded: the last `evictions_remembered`
+evicted hashes (the pool's size, and at least `MIN_EVICTIONS_REMEMBERED`), and each cached block's parent
+(the index of siblings dies with the blocks).
 
 Lesson: lessons/02-paged-attention.md (the KV cache as virtual memory); lessons/04-prefix-caching.md
 (evictable cached blocks, LRU eviction).
@@ -43,6 +44,8 @@ ParentLink = bytes  # a cached block's parent hash, or for a first block the iso
 class BlockPool:
     """`num_blocks` blocks numbered 0..num_blocks-1; freed blocks are reused first-in, first-out."""
 
+    MIN_EVICTIONS_REMEMBERED = 4096  # a small pool evicts often; its misses are still worth explaining
+
     def __init__(self, num_blocks: int, *, explainable: bool = False) -> None:
         """`explainable` keeps what a miss explanation reads (recently evicted hashes, each cached block's
         parent), bounded by the pool's size; the simulator leaves it off and pays nothing."""
@@ -58,8 +61,9 @@ class BlockPool:
         self.block_owner: list[str | None] = [None] * num_blocks  # the label a cached block was registered under
         self.dropped: set[int] = set()  # blocks in use that a reset took out of the cache
         self.explainable = explainable
-        # An ordered set of the last `num_blocks` hashes evicted (the oldest forgotten first).
+        # An ordered set of the hashes evicted last (the oldest forgotten first).
         self.evicted: OrderedDict[BlockHash, None] = OrderedDict()
+        self.evictions_remembered = max(num_blocks, self.MIN_EVICTIONS_REMEMBERED)
         self.block_parent: list[ParentLink | None] = [None] * num_blocks
         self._children: dict[ParentLink, dict[int, None]] = {}  # parent -> its cached children, oldest first
 
@@ -154,7 +158,7 @@ class BlockPool:
                     del self._children[parent]
             if evicted:
                 self.evicted[block_hash] = None
-                if len(self.evicted) > self.num_blocks:
+                if len(self.evicted) > self.evictions_remembered:
                     self.evicted.popitem(last=False)
 
     def children(self, parent: ParentLink) -> list[int]:
@@ -191,6 +195,6 @@ class BlockPool:
             assert self.block_hash[b] == h, f"hash map points to block {b}, which holds other content"
         for b in self.dropped:
             assert self.ref_cnt[b] > 0 and self.block_hash[b] is None, f"dropped block {b} is free or cached"
-        assert len(self.evicted) <= self.num_blocks, "the evicted hashes outgrew the pool"
+        assert len(self.evicted) <= self.evictions_remembered, "the record of evicted hashes outgrew its bound"
         for parent, siblings in self._children.items():
             assert siblings and all(self.block_parent[b] == parent for b in siblings), "the sibling index is stale"
