@@ -15,8 +15,9 @@ int8 (ref_engine/model/quantization.py).
 `LoadedModel.weights_digest` is a SHA-256 of the checkpoint's content files (weights, and a folder's
 config.json): the name says which model, the digest says which numbers, so the engine's prefix cache never
 serves K/V computed from other weights filed under the same name. Reading ~100 MB costs ~0.07 s; a file's
-digest is remembered by path, size and modification time, so a test session that builds many engines on
-one file hashes it once.
+digest is remembered by path, size, inode and modification and change times (the change time moves on any
+write, even one that restores the modification time), so a test session that builds many engines on one
+file hashes it once.
 """
 
 from __future__ import annotations
@@ -95,12 +96,13 @@ def content_digest(files: Sequence[Path]) -> str:
     digest = hashlib.sha256()
     for path in files:
         stat = path.stat()
-        digest.update(_file_digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns))
+        digest.update(_file_digest(str(path.resolve()), (stat.st_size, stat.st_ino, stat.st_mtime_ns,
+                                                         stat.st_ctime_ns)))
     return digest.hexdigest()[:32]
 
 
-@functools.lru_cache(maxsize=32)  # size and mtime in the key: a file rewritten in place is read again
-def _file_digest(path: str, size: int, mtime_ns: int) -> bytes:
+@functools.lru_cache(maxsize=32)  # the stat in the key: a file rewritten or replaced is read again
+def _file_digest(path: str, stat: tuple[int, ...]) -> bytes:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").digest()
 

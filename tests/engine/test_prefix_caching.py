@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import random
 import re
 import shutil
@@ -174,7 +175,8 @@ def test_eviction_under_memory_pressure_keeps_outputs_and_invariants(seed, num_b
 def test_the_cache_namespace_covers_the_weights_not_only_the_name(make_tiny_hf_model, tmp_path, base):
     """Two checkpoints named alike ("chat") with other weights never share a block hash; the same file
     loaded twice does (as the two processes of a disaggregated pair). A file rewritten in place with other
-    weights of the same size and modification time is hashed again, not served from the digest cache."""
+    weights of the same size, its modification time then set back, is hashed again, not served from the
+    digest cache."""
     first = make_tiny_hf_model("llama", name="identity-a", seed=3)
     other = make_tiny_hf_model("llama", name="identity-b", seed=4)
     a = shutil.copytree(first, tmp_path / "a" / "chat")
@@ -188,7 +190,11 @@ def test_the_cache_namespace_covers_the_weights_not_only_the_name(make_tiny_hf_m
     (ns_a, hashes_a), (ns_a2, hashes_a2), (ns_b, hashes_b) = hashes(a), hashes(a), hashes(b)
     assert ns_a == ns_a2 and hashes_a == hashes_a2
     assert ns_a != ns_b and not set(hashes_a) & set(hashes_b)
-    shutil.copy2(other / "model.safetensors", a / "model.safetensors")  # keeps b's mtime; same size
+    weights = a / "model.safetensors"
+    before = weights.stat()
+    shutil.copyfile(other / "model.safetensors", weights)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert weights.stat().st_size == before.st_size and weights.stat().st_mtime_ns == before.st_mtime_ns
     assert hashes(a)[0] == ns_b
 
 
