@@ -22,6 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ref_engine import LLM, LLMEngine, SamplingParams
+from ref_engine.kv_transfer.config import KVTransferConfig
+from ref_engine.kv_transfer.connector import KVTransferParams
 from ref_engine.model.loader import load_model
 from ref_engine.sampling_params import RequestOutputKind
 
@@ -263,3 +265,16 @@ def test_a_request_whose_own_work_raises_fails_alone(loaded, base, monkeypatch):
     assert finals["bad"].outputs[0].finish_reason == "error" and "detokenizer broke" in finals["bad"].error
     assert finals["ok"].outputs[0].finish_reason == "length" and finals["ok"].error is None
     assert engine.scheduler.kv_cache_manager.block_pool.num_used_blocks == 0
+
+
+def test_a_kv_consumer_refuses_kv_computed_under_another_namespace(loaded, base):
+    """The producer stamps its namespace on the K/V it saves; K/V from other weights, dtypes or tokenizer
+    would decode garbage, so the consumer refuses it with a clear error and holds nothing."""
+    consumer = LLMEngine(loaded, block_size=BS, kv_transfer_config=KVTransferConfig(kv_role="kv_consumer"))
+    params = KVTransferParams("r", num_tokens=15, num_blocks=4, num_bytes=0, handle=None, saved_at=0.0,
+                              cache_namespace="another-model|weights=0")
+    with pytest.raises(ValueError, match="cache namespace"):
+        consumer.add_remote_prefilled_request("r", base[:16], GREEDY, params)
+    assert not consumer.has_unfinished_requests()
+    ours = dataclasses.replace(params, cache_namespace=consumer.cache_namespace)
+    assert consumer.add_remote_prefilled_request("r", base[:16], GREEDY, ours) is not None
