@@ -12,7 +12,16 @@ streamed with `output_kind=RequestOutputKind.DELTA`, one per step with its new t
 
 A request whose sampling raises fails alone: the batch is sampled again one request at a time to find
 who raised, that request ends with `finish_reason="error"` and the error on its output, and the others
-keep their tokens. A server must not lose every request in a batch to one bad one.
+keep their tokens; so does a request whose own work after sampling (stop strings, its streamed delta)
+raises. A server must not lose every request in a batch to one bad one. What could fail a request later
+is checked when it is added instead: text fields that are not valid Unicode (lone surrogates) are refused
+there, naming the field, so the prefix-cache key computed from them can never raise inside a step.
+
+The prefix cache's namespace (`cache_namespace`) names everything the K/V depends on besides the tokens:
+the model's name and weights digest, the dtype, the quantization, the KV-cache dtype and the tokenizer.
+Two engines share block hashes only if all of these agree (two processes of a disaggregated pair on the
+same file do; an engine restarted on other weights under the same name does not), and a consumer refuses
+K/V a producer computed under another namespace.
 
 `LLM` is the offline API in vLLM's shape: `LLM(model=None, dtype=..., **engine_knobs).generate(prompts,
 SamplingParams(...))`. Every `EngineConfig` knob is a keyword (`max_num_seqs=8`, `scheduling="static"`, ...).
@@ -37,7 +46,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +61,7 @@ from ref_engine.core.kv_cache_manager import PrefixCacheExplanation
 from ref_engine.core.kv_sizing import num_kv_blocks
 from ref_engine.core.math_utils import cdiv
 from ref_engine.core.metrics import StepRecord
-from ref_engine.core.request import Request, RequestStatus
+from ref_engine.core.request import Request, RequestStatus, is_utf8_text
 from ref_engine.core.scheduler import make_scheduler
 from ref_engine.detokenizer import IncrementalDetokenizer
 from ref_engine.kv_transfer.config import KVTransferConfig
@@ -64,6 +74,10 @@ from ref_engine.sampling_params import RequestOutputKind, SamplingParams
 from ref_engine.spec_decode import Draft, RejectionSampler, make_proposer
 
 PromptType = str | list[int] | dict[str, Any]
+# A prompt dict's text labels: `tenant` (as authenticated: isolates the prefix cache, counted by tenant caps
+# and the fair policy), `user` (the client's own label: groups requests for the fair policy when no tenant
+# is given, never part of the cache key) and `cache_salt` (splits the cache further).
+PROMPT_LABELS = ("tenant", "user", "cache_salt")
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +131,8 @@ class LLMEngine:
         self.dtype = next(loaded.model.parameters()).dtype
         self.kv_cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, self.dtype)
         self.num_kv_blocks = self._num_kv_blocks(loaded.model)
-        self.scheduler = make_scheduler(self.config, self.num_kv_blocks,
-                                        cache_namespace=f"{self.model_id}:{self.tokenizer.fingerprint}",
+        self.cache_namespace = cache_namespace(loaded, self.dtype, self.kv_cache_dtype)
+        self.scheduler = make_scheduler(self.config, self.num_kv_blocks, cache_namespace=self.cache_namespace,
                                         explain_misses=True)
         self.runner = ModelRunner(
             loaded.model, self.arch, num_kv_blocks=self.num_kv_blocks,
@@ -162,13 +176,12 @@ class LLMEngine:
 
     def _make_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                       arrival_time: float | None = None) -> tuple[Request, str | None]:
-        text, token_ids, tenant, cache_salt, priority = self._parse_prompt(prompt)
+        text, token_ids, fields = self._parse_prompt(prompt)
         request = Request(
             request_id=request_id, prompt_token_ids=token_ids, max_tokens=params.max_tokens,
             arrival_time=self.now() if arrival_time is None else arrival_time,
             eos_token_ids=self.eos_token_ids, stop_token_ids=frozenset(params.stop_token_ids),
-            ignore_eos=params.ignore_eos, min_tokens=params.min_tokens, tenant=tenant, cache_salt=cache_salt,
-            priority=priority, sampling_params=params)
+            ignore_eos=params.ignore_eos, min_tokens=params.min_tokens, sampling_params=params, **fields)
         return request, text
 
     def explain_prefix_cache(self, prompt: PromptType) -> PrefixCacheExplanation:
@@ -195,6 +208,10 @@ class LLMEngine:
             raise ValueError("only an engine with kv_transfer_config(kv_role='kv_consumer') loads remote KV")
         params.validate_for_vocab(self.arch.vocab_size)
         request, text = self._make_request(request_id, prompt, params)
+        if kv_transfer_params.cache_namespace != self.cache_namespace:
+            raise ValueError(f"request {request_id!r}: its KV was computed under cache namespace "
+                             f"{kv_transfer_params.cache_namespace!r}, this engine's is {self.cache_namespace!r} "
+                             "(another model, weights, dtype, quantization, KV-cache dtype or tokenizer)")
         if kv_transfer_params.num_tokens != request.num_prompt_tokens - 1:
             raise ValueError(f"request {request_id!r}: KV of {kv_transfer_params.num_tokens} tokens arrived for "
                              f"a prompt of {request.num_prompt_tokens} (expected all but the last)")
@@ -231,9 +248,14 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget the prefix cache (vLLM's name); False, changing nothing, while requests hold blocks."""
-        return self.scheduler.reset_prefix_cache()
+    def reset_prefix_cache(self, tenant: str | None = None) -> bool:
+        """Forget the prefix cache (vLLM's name), or only the blocks `tenant`'s requests cached; never
+        refused, even under load: no request hits a forgotten block from now on, and blocks still in use are
+        freed when their requests finish. Returns True."""
+        if tenant is not None and not (is_utf8_text(tenant) and tenant):
+            raise ValueError(f"tenant must be a non-empty string of valid Unicode text, got {tenant!r}")
+        self.scheduler.reset_prefix_cache(tenant)
+        return True
 
     # ---- the loop ----
 
@@ -259,15 +281,42 @@ class LLMEngine:
                   for request_id in errors]
         result = StepResult(sampled)
         finished = self.scheduler.update_from_output(output, result, end)
-        finished += self._check_stop_strings(sampled, finished, end)
+        done = {r.request_id for r in finished}
+        finished += self._per_request("stop strings", lambda r: self._check_stop_string(r, len(sampled[r]), end),
+                                      [r for r in sampled if r not in done], errors)
+        failed += self._fail(errors, end)
         if self.proposer is not None:
             self._propose()
         self.step_records.append(StepRecord.from_output(output, start, self.now() - start, result))
-        done = {r.request_id for r in finished}
-        streamed = [self._stream(request_id) for request_id in sampled
-                    if request_id not in done and self._states[request_id].detokenizer is not None]
+        done = {r.request_id for r in finished + failed}
+        streamed = self._per_request("streaming", self._stream, [r for r in sampled if r not in done
+                                                                 and self._states[r].detokenizer is not None],
+                                     errors)
+        failed += self._fail(errors, end)
         return streamed + [self._finish(r) for r in finished] + [self._finish(r, errors[r.request_id])
                                                                  for r in failed]
+
+    def _per_request(self, what: str, work: Callable[[str], Any], request_ids: list[str],
+                     errors: dict[str, str]) -> list[Any]:
+        """`work(request_id)` for each request, keeping what is not None; a request whose work raises gets
+        its error in `errors` (to be failed alone) instead of ending the step for everyone."""
+        results = []
+        for request_id in request_ids:
+            try:
+                result = work(request_id)
+            except Exception as error:
+                logger.exception("request %s failed in %s", request_id, what)
+                errors[request_id] = f"{what} failed: {type(error).__name__}: {error}"
+                continue
+            if result is not None:
+                results.append(result)
+        return results
+
+    def _fail(self, errors: dict[str, str], now: float) -> list[Request]:
+        """End the requests in `errors` that are still running (aborted, their error kept for the output)."""
+        return [r for r in (self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED, now)
+                            for request_id in errors if self.scheduler.get_request(request_id) is not None)
+                if r is not None]
 
     def _sample(self, output: SchedulerOutput, request_ids: list[str], logits: torch.Tensor
                 ) -> tuple[dict[str, list[int]], dict[str, str]]:
@@ -324,8 +373,9 @@ class LLMEngine:
             request = self.scheduler.get_request(s.request_id)
             if s.needs_logits and not request.num_output_tokens:
                 num_tokens = request.num_prompt_tokens - 1
-                self._states[s.request_id].kv_transfer_params = self.kv_connector.save(
-                    s.request_id, self.runner.kv_caches, s.block_ids[:cdiv(num_tokens, block_size)], num_tokens)
+                params = self.kv_connector.save(s.request_id, self.runner.kv_caches,
+                                                s.block_ids[:cdiv(num_tokens, block_size)], num_tokens)
+                self._states[s.request_id].kv_transfer_params = replace(params, cache_namespace=self.cache_namespace)
 
     def _draft(self, scheduled: ScheduledRequest) -> Draft:
         """The draft a scheduled request verifies (the budget may have cut it short)."""
@@ -366,23 +416,25 @@ class LLMEngine:
                              "or set kv_cache_memory or num_kv_blocks")
         return blocks
 
-    def _parse_prompt(self, prompt: PromptType) -> tuple[str | None, list[int], str | None, str | None, int]:
-        """(text, token ids, tenant, cache_salt, priority) from a str, a list of ids or a dict in vLLM's
-        shape."""
-        tenant = cache_salt = None
-        priority = 0
+    def _parse_prompt(self, prompt: PromptType) -> tuple[str | None, list[int], dict[str, Any]]:
+        """(text, token ids, the Request's other fields: tenant, user, cache_salt, priority) from a str, a
+        list of ids or a dict in vLLM's shape. Text that is not valid Unicode is refused here, naming its
+        key, so nothing computed from it later (the prefix-cache key, a tokenization) can raise."""
+        fields: dict[str, Any] = {}
         if isinstance(prompt, dict):
-            unknown = set(prompt) - {"prompt", "prompt_token_ids", "tenant", "cache_salt", "priority", "user"}
+            unknown = set(prompt) - {"prompt", "prompt_token_ids", *PROMPT_LABELS, "priority"}
             if unknown:
                 raise ValueError(f"prompt dict has unknown key(s) {sorted(unknown)}; expected 'prompt' or "
-                                 "'prompt_token_ids', optionally 'tenant', 'cache_salt' and 'priority'")
-            tenant, cache_salt = prompt.get("tenant"), prompt.get("cache_salt")
-            for key, value in (("tenant", tenant), ("cache_salt", cache_salt)):
-                if value is not None and (not isinstance(value, str) or not value):
-                    raise ValueError(f"prompt dict's {key!r} must be a non-empty string, got {value!r}")
-            priority = prompt.get("priority", 0)
-            if not isinstance(priority, int) or isinstance(priority, bool):
-                raise ValueError(f"prompt dict's 'priority' must be an integer, got {priority!r}")
+                                 "'prompt_token_ids', optionally 'tenant', 'user', 'cache_salt' and 'priority'")
+            for key in PROMPT_LABELS:
+                value = prompt.get(key)
+                if value is not None and not (is_utf8_text(value) and value):
+                    raise ValueError(f"prompt dict's {key!r} must be a non-empty string of valid Unicode text "
+                                     f"(no lone surrogates), got {value!r}")
+                fields[key] = value
+            fields["priority"] = prompt.get("priority", 0)
+            if not isinstance(fields["priority"], int) or isinstance(fields["priority"], bool):
+                raise ValueError(f"prompt dict's 'priority' must be an integer, got {fields['priority']!r}")
             if "prompt_token_ids" in prompt:
                 prompt = prompt["prompt_token_ids"]
             elif "prompt" in prompt:
@@ -392,7 +444,9 @@ class LLMEngine:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
-            return prompt, self.tokenizer.encode(prompt), tenant, cache_salt, priority
+            if not is_utf8_text(prompt):
+                raise ValueError("prompt is not valid Unicode text (it holds a lone surrogate)")
+            return prompt, self.tokenizer.encode(prompt), fields
         if isinstance(prompt, (list, tuple)):
             ids = list(prompt)
             if not ids:
@@ -401,7 +455,7 @@ class LLMEngine:
             if bad:
                 raise ValueError(f"prompt_token_ids has ids outside the vocabulary [0, {self.arch.vocab_size}): "
                                  f"{bad[:5]}")
-            return None, ids, tenant, cache_salt, priority
+            return None, ids, fields
         raise ValueError(f"a prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
 
     def _record_logprobs(self, request: Request, row: int, token_id: int, sample: Any) -> None:
@@ -415,25 +469,21 @@ class LLMEngine:
             entry.update({int(i): float(v) for i, v in zip(ids[row, :n].tolist(), values[row, :n].tolist())})
         logprobs.append(entry)
 
-    def _check_stop_strings(self, sampled: dict[str, list[int]], finished: list[Request],
-                            now: float) -> list[Request]:
-        """End requests whose text now contains one of their stop strings (the core sees only ids)."""
-        stopped = []
-        done = {r.request_id for r in finished}
-        for request_id in sampled:
-            request = self.scheduler.get_request(request_id)
-            if request is None or request_id in done or not request.sampling_params.stop:
-                continue
-            text = self.tokenizer.decode(request.output_token_ids)
-            if any(s in text for s in request.sampling_params.stop):
-                keep, text = self._cut_at_stop(request, len(sampled[request_id]))
-                index, stop = min((text.find(s), s) for s in request.sampling_params.stop if s in text)
-                state = self._states[request_id]
-                state.stop_reason = stop
-                state.stop_text_end = index + len(stop) if request.sampling_params.include_stop_str_in_output else index
-                stopped.append(self.scheduler.finish_request(request_id, RequestStatus.FINISHED_STOPPED, now,
-                                                             num_output_tokens=keep))
-        return stopped
+    def _check_stop_string(self, request_id: str, num_new: int, now: float) -> Request | None:
+        """End the request if its text now contains one of its stop strings (the core sees only ids);
+        `num_new`: the tokens this step gave it. Returns it if it ended."""
+        request = self.scheduler.get_request(request_id)
+        if request is None or not request.sampling_params.stop:
+            return None
+        text = self.tokenizer.decode(request.output_token_ids)
+        if not any(s in text for s in request.sampling_params.stop):
+            return None
+        keep, text = self._cut_at_stop(request, num_new)
+        index, stop = min((text.find(s), s) for s in request.sampling_params.stop if s in text)
+        state = self._states[request_id]
+        state.stop_reason = stop
+        state.stop_text_end = index + len(stop) if request.sampling_params.include_stop_str_in_output else index
+        return self.scheduler.finish_request(request_id, RequestStatus.FINISHED_STOPPED, now, num_output_tokens=keep)
 
     def _cut_at_stop(self, request: Request, num_new: int) -> tuple[int, str]:
         """How many output tokens to keep: up to the first of this step's tokens that completes a stop
@@ -457,10 +507,22 @@ class LLMEngine:
         return self._output(request, state, completion, finished=False)
 
     def _finish(self, request: Request, error: str | None = None) -> RequestOutput:
-        """The finished request's output (its last delta, if streamed); `error`: why the engine failed it."""
+        """The finished request's output (its last delta, if streamed); `error`: why the engine failed it.
+        Never raises: if the output itself cannot be made, the request fails with that error and no text."""
         state = self._states.pop(request.request_id)
         if self.proposer is not None:
             self.proposer.free(request.request_id)
+        try:
+            completion = self._final_completion(request, state, error)
+        except Exception as failure:
+            logger.exception("request %s failed in its final output", request.request_id)
+            error = error or f"final output failed: {type(failure).__name__}: {failure}"
+            completion = CompletionOutput(index=0, text="", token_ids=[], finish_reason="error")
+        output = self._output(request, state, completion, finished=True)
+        output.error = error
+        return output
+
+    def _final_completion(self, request: Request, state: _RequestState, error: str | None) -> CompletionOutput:
         if state.logprobs is not None:  # a verify step may have scored tokens past the one that stopped it
             del state.logprobs[request.num_output_tokens:]
         text = self.tokenizer.decode(request.output_token_ids)
@@ -474,12 +536,9 @@ class LLMEngine:
         if state.detokenizer is not None:  # streamed: only what was not sent yet
             logprobs = _new_logprobs(state)
             token_ids, text = state.detokenizer.delta(token_ids, final_text=text)
-        completion = CompletionOutput(index=0, text=text, token_ids=token_ids,
-                                      finish_reason="error" if error else request.status.finish_reason,
-                                      stop_reason=stop_reason, logprobs=logprobs)
-        output = self._output(request, state, completion, finished=True)
-        output.error = error
-        return output
+        return CompletionOutput(index=0, text=text, token_ids=token_ids,
+                                finish_reason="error" if error else request.status.finish_reason,
+                                stop_reason=stop_reason, logprobs=logprobs)
 
     def _output(self, request: Request, state: _RequestState, completion: CompletionOutput,
                 finished: bool) -> RequestOutput:
@@ -500,6 +559,14 @@ class LLMEngine:
 def _new_logprobs(state: _RequestState) -> list[dict[int, float]] | None:
     """A streamed request's logprobs of the tokens not sent yet (call before `detokenizer.delta`)."""
     return None if state.logprobs is None else state.logprobs[state.detokenizer.num_sent_tokens:]
+
+
+def cache_namespace(loaded: LoadedModel, dtype: torch.dtype, kv_cache_dtype: torch.dtype) -> str:
+    """Everything an engine's K/V depends on besides the tokens, as the prefix cache's namespace: the model's
+    name and weights digest, the compute dtype, the quantization, the KV-cache dtype and the tokenizer."""
+    return (f"{loaded.model_id}|weights={loaded.weights_digest}|dtype={str(dtype).removeprefix('torch.')}"
+            f"|quantization={loaded.quantization}|kv_cache_dtype={str(kv_cache_dtype).removeprefix('torch.')}"
+            f"|tokenizer={loaded.tokenizer.fingerprint}")
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:

@@ -48,17 +48,19 @@ class EngineConfig:
       is what vLLM V1 actually does;
     - `prefill_budget_tokens` (a deployment manifest's name) caps a step's prefill tokens over all rows;
       vLLM has no such knob: there the bound is `max_num_partial_prefills * long_prefill_token_threshold`;
-    - `decode_batch_max_tokens` (a deployment manifest's name) caps a step's decode rows (one token each,
-      1 + k with k drafts); vLLM bounds them only by `max_num_seqs`. Decode rows beyond the cap sit the step
-      out and keep their blocks; the earliest admitted decode first.
+    - `decode_batch_max_tokens` (a deployment manifest's name) caps a step's decode tokens, as its name
+      says: a decode row is one token, 1 + k with k drafts; vLLM bounds decodes only by `max_num_seqs`. The
+      earliest admitted decodes go first; the row that meets the cap has its drafts cut to fit, and rows
+      beyond it sit the step out and keep their blocks.
     The three prefill knobs cut or hold back prompt chunks, so they need `enable_chunked_prefill`.
 
     `scheduling` says how batches form ("continuous", "static", or a plug-in scheduler); within continuous
     batching, `scheduling_policy` (vLLM's knob) says who is admitted first and whom preemption picks:
     "fcfs" (arrival order), "priority" (`Request.priority`, lower first, as vLLM) or "fair" (per-tenant
-    virtual token counters, ref_engine/core/fair.py), or a registered plug-in. `tenant_weights` and
-    `tenant_max_num_seqs` configure "fair"; a dict is accepted and kept as sorted (tenant, value) pairs so
-    the config stays hashable. Requests without a tenant belong to the tenant "default".
+    virtual token counters, ref_engine/core/fair.py), or a registered plug-in. `tenant_max_num_seqs` caps
+    each tenant's running requests under every policy of continuous batching; `tenant_weights` configures
+    "fair" only. A dict is accepted and kept as sorted (tenant, value) pairs so the config stays hashable.
+    Requests without a tenant belong to the tenant "default".
     """
 
     block_size: int = 16
@@ -76,9 +78,9 @@ class EngineConfig:
     long_prefill_token_threshold: int | None = None  # most prefill tokens per request and step (None, 0: off)
     max_num_partial_prefills: int | None = None  # most prompts mid-prefill at once (None: no limit, as vLLM V1)
     prefill_budget_tokens: int | None = None  # most prefill tokens in one step (None: max_num_batched_tokens)
-    decode_batch_max_tokens: int | None = None  # most decode rows in one step (None: max_num_seqs)
+    decode_batch_max_tokens: int | None = None  # most decode tokens (1 + drafts per row) in one step (None: off)
     tenant_weights: TenantTable | None = None  # "fair": tenant -> weight > 0 (missing tenants weigh 1)
-    tenant_max_num_seqs: TenantTable | None = None  # "fair": tenant -> most running requests (missing: no cap)
+    tenant_max_num_seqs: TenantTable | None = None  # tenant -> most running requests (missing: no cap)
     kv_allocation: KVAllocation = "paged"  # "contiguous*" reserve whole sequences up front (lesson 2)
     enable_prefix_caching: bool = True  # reuse computed KV blocks by content hash (vLLM's default: on)
     seed: int = 0
@@ -186,10 +188,13 @@ class EngineConfig:
                    and 0 < w < math.inf, "a positive number")
         _set_table(self, "tenant_max_num_seqs", lambda n: not isinstance(n, bool) and isinstance(n, int) and n >= 1,
                    "a positive integer")
-        for knob in ("tenant_weights", "tenant_max_num_seqs"):
-            if getattr(self, knob) is not None and self.scheduling_policy != "fair":
-                raise ValueError(f"{knob} configures scheduling_policy='fair', got "
-                                 f"scheduling_policy={self.scheduling_policy!r}")
+        if self.tenant_weights is not None and self.scheduling_policy != "fair":
+            raise ValueError("tenant_weights configures scheduling_policy='fair', got "
+                             f"scheduling_policy={self.scheduling_policy!r} (tenant_max_num_seqs works under "
+                             "every policy)")
+        if self.tenant_max_num_seqs is not None and self.scheduling != "continuous":
+            raise ValueError("tenant_max_num_seqs caps admissions of continuous batching (any "
+                             f"scheduling_policy); scheduling={self.scheduling!r} forms its own batches")
 
     @property
     def draft_num_layers(self) -> int | None:

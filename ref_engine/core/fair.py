@@ -2,8 +2,9 @@
 Language Models", OSDI'24), `scheduling_policy="fair"`.
 
 Each tenant has a virtual counter of the service it has received: every prompt token computed for it and
-every output token it gets, divided by its weight (`EngineConfig.tenant_weights`; missing tenants weigh 1,
-requests without a tenant belong to `DEFAULT_TENANT`, "default"). As in the paper, a request's uncomputed prompt tokens are
+every output token it gets, divided by its weight (`EngineConfig.tenant_weights`; missing tenants weigh 1).
+A request's tenant here is `Request.group_key`: its authenticated tenant, or without one the `user` label
+its client chose (a grouping for fairness, never an isolation boundary), or `DEFAULT_TENANT`. As in the paper, a request's uncomputed prompt tokens are
 charged when it is admitted and its output tokens as they are produced; a recompute after preemption is
 charged again, since the device computes it again.
 - Admission takes the next request of the backlogged tenant with the lowest counter, so over any stretch
@@ -13,17 +14,20 @@ charged again, since the device computes it again.
 - A tenant that becomes active (its first unfinished request arrives) is lifted to the lowest counter
   among the active tenants, or to the highest counter if none is active, so it cannot bank credit while
   idle and then starve the others.
-- `EngineConfig.tenant_max_num_seqs` caps a tenant's running requests: admission skips a tenant at its cap.
+- `EngineConfig.tenant_max_num_seqs` caps an authenticated tenant's running requests, as under every policy
+  (`Scheduler.at_tenant_cap`): admission passes over its requests while it is at its cap.
 - Preemption picks its victim from the most-served tenant among the requests not yet scheduled this step
   (the highest counter), its most recently admitted request.
 Within a tenant, requests go first come, first served, and a preempted one goes back to its tenant's head.
+State stays bounded however many labels clients invent: a tenant with nothing queued loses its queue, one
+with nothing unfinished loses its counts, and an idle tenant's counter is forgotten once the lift would
+give it at least as much (its counter is at or below the floor it would be lifted to).
 
 Lesson: lessons/03-chunked-prefill-and-disaggregation.md#fairness.
 """
 
 from __future__ import annotations
 
-import sys
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 
@@ -36,62 +40,54 @@ from ref_engine.core.scheduler_registry import register_scheduler
 
 
 class FairRequestQueue(RequestQueue):
-    """One first-come-first-served queue per tenant; the head is that of the backlogged tenant, under its
-    cap, with the lowest virtual counter. It reads the scheduler's counters and running counts, which
-    change between calls, so its order is always the current one. Truth says whether a request can be
-    admitted now: false when every backlogged tenant is at its cap, though requests are queued."""
+    """One first-come-first-served queue per tenant (`Request.group_key`), kept only while it holds
+    requests; the head is that of the backlogged tenant with the lowest virtual counter. It reads the
+    scheduler's counters and running counts, which change between calls, so its order is always the
+    current one."""
 
-    def __init__(self, counters: dict[str, float], num_running: Counter[str], caps: dict[str, int]) -> None:
+    def __init__(self, counters: dict[str, float], num_running: Counter[str]) -> None:
         self._queues: dict[str, deque[Request]] = {}
         self._counters = counters
         self._num_running = num_running
-        self._caps = caps
         self._len = 0
 
-    def _next_tenant(self) -> str | None:
-        best, best_key = None, None
-        for tenant, queue in self._queues.items():
-            if queue and self._num_running[tenant] < self._caps.get(tenant, sys.maxsize):
-                key = (self._counters[tenant], self._num_running[tenant], queue[0].arrival_time, tenant)
-                if best_key is None or key < best_key:
-                    best, best_key = tenant, key
-        return best
+    def _order(self, tenant: str) -> tuple[float, int, float, str]:
+        return self._counters[tenant], self._num_running[tenant], self._queues[tenant][0].arrival_time, tenant
 
     def add_request(self, request: Request) -> None:
-        self._queues.setdefault(request.tenant_key, deque()).append(request)
+        self._queues.setdefault(request.group_key, deque()).append(request)
         self._len += 1
 
     def prepend_request(self, request: Request) -> None:
-        self._queues.setdefault(request.tenant_key, deque()).appendleft(request)
+        self._queues.setdefault(request.group_key, deque()).appendleft(request)
         self._len += 1
 
     def peek_request(self) -> Request:
-        tenant = self._next_tenant()
-        if tenant is None:
-            raise IndexError("no tenant has a request it may admit")
-        return self._queues[tenant][0]
+        if not self._queues:
+            raise IndexError("peek from an empty queue")
+        return self._queues[min(self._queues, key=self._order)][0]
 
     def pop_request(self) -> Request:
         request = self.peek_request()
-        self._queues[request.tenant_key].popleft()
-        self._len -= 1
+        self._queues[request.group_key].popleft()
+        self._taken(request.group_key)
         return request
 
     def remove_request(self, request: Request) -> None:
-        self._queues.get(request.tenant_key, deque()).remove(request)  # ValueError if not queued
+        self._queues.get(request.group_key, deque()).remove(request)  # ValueError if not queued
+        self._taken(request.group_key)
+
+    def _taken(self, tenant: str) -> None:
         self._len -= 1
+        if not self._queues[tenant]:
+            del self._queues[tenant]
 
     def __len__(self) -> int:
         return self._len
 
-    def __bool__(self) -> bool:
-        return self._next_tenant() is not None
-
     def __iter__(self) -> Iterator[Request]:
         """Tenants in the current order (lowest counter first), each tenant's requests in its order."""
-        tenants = sorted((t for t, q in self._queues.items() if q),
-                         key=lambda t: (self._counters[t], self._num_running[t], self._queues[t][0].arrival_time, t))
-        return (request for tenant in tenants for request in self._queues[tenant])
+        return (request for tenant in sorted(self._queues, key=self._order) for request in self._queues[tenant])
 
 
 @register_scheduler("fair", policy=True)
@@ -102,38 +98,41 @@ class FairScheduler(Scheduler):
                  explain_misses: bool = False) -> None:
         super().__init__(config, num_kv_blocks, cache_namespace=cache_namespace, explain_misses=explain_misses)
         self.tenant_weights = dict(config.tenant_weights or ())
-        self.virtual_counters: dict[str, float] = {}  # tenant -> weighted tokens served
-        self.num_running_by_tenant: Counter[str] = Counter()
-        self.num_unfinished_by_tenant: Counter[str] = Counter()
+        self.virtual_counters: dict[str, float] = {}  # tenant (group_key) -> weighted tokens served
+        self.num_running_by_group: Counter[str] = Counter()  # no zero entries, as the next
+        self.num_unfinished_by_group: Counter[str] = Counter()
         # The queue reads the counters above, so it is built here rather than by `request_queue_class`.
-        self.waiting = FairRequestQueue(self.virtual_counters, self.num_running_by_tenant,
-                                        dict(config.tenant_max_num_seqs or ()))
+        self.waiting = FairRequestQueue(self.virtual_counters, self.num_running_by_group)
 
     def add_request(self, request: Request) -> None:
-        """Queue as usual; a tenant that had nothing unfinished is lifted first (no credit banked idle)."""
+        """Queue as usual; a tenant that had nothing unfinished is lifted first (no credit banked idle), and
+        idle tenants whose counters the lift would overtake anyway are forgotten."""
         super().add_request(request)
-        tenant = request.tenant_key
-        if not self.num_unfinished_by_tenant[tenant]:
-            active = [self.virtual_counters[t] for t, n in self.num_unfinished_by_tenant.items() if n]
-            floor = min(active) if active else max(self.virtual_counters.values(), default=0.0)
-            self.virtual_counters[tenant] = max(self.virtual_counters.get(tenant, 0.0), floor)
-        self.num_unfinished_by_tenant[tenant] += 1
+        tenant = request.group_key
+        counters = self.virtual_counters
+        if tenant not in self.num_unfinished_by_group:
+            active = [counters[t] for t in self.num_unfinished_by_group]
+            floor = min(active) if active else max(counters.values(), default=0.0)
+            for idle in [t for t, c in counters.items() if c < floor and t not in self.num_unfinished_by_group]:
+                del counters[idle]
+            counters[tenant] = max(counters.get(tenant, 0.0), floor)
+        self.num_unfinished_by_group[tenant] += 1
 
     def admit(self, request: Request, now: float, num_cached_tokens: int = 0) -> None:
         """Admit as usual and charge the tenant the tokens it will now compute (its prompt, less the cache)."""
         super().admit(request, now, num_cached_tokens)
-        self.num_running_by_tenant[request.tenant_key] += 1
+        self.num_running_by_group[request.group_key] += 1
         self._charge(request, request.num_tokens - request.num_computed_tokens)
 
     def preempt(self, request: Request, plan: StepPlan) -> None:
         super().preempt(request, plan)
-        self.num_running_by_tenant[request.tenant_key] -= 1
+        _decrement(self.num_running_by_group, request.group_key)
 
     def select_victim(self, candidates: Sequence[Request]) -> Request:
         """The most recently admitted request of the most-served tenant among `candidates`."""
         counters = self.virtual_counters
-        most = max(counters[r.tenant_key] for r in candidates)
-        return next(r for r in reversed(candidates) if counters[r.tenant_key] == most)
+        most = max(counters[r.group_key] for r in candidates)
+        return next(r for r in reversed(candidates) if counters[r.group_key] == most)
 
     def update_from_output(self, output: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
         """Update as usual, charging each tenant the output tokens its requests got."""
@@ -158,20 +157,28 @@ class FairScheduler(Scheduler):
                                      now: float) -> list[int] | None:
         """As the base (admitted and charged like any request); one it refuses or rejects leaves the
         tenant's count of unfinished requests as it was."""
-        tenant = request.tenant_key
-        before = self.num_unfinished_by_tenant[tenant]
+        tenant = request.group_key
+        before = self.num_unfinished_by_group[tenant]
         try:
             return super().add_remote_prefilled_request(request, num_external_tokens, now)
         finally:
             if self.requests.get(request.request_id) is not request:
-                self.num_unfinished_by_tenant[tenant] = before
+                self.num_unfinished_by_group[tenant] = before
+                if not before:
+                    del self.num_unfinished_by_group[tenant]
 
     def _charge(self, request: Request, num_tokens: int) -> None:
-        tenant = request.tenant_key
+        tenant = request.group_key
         self.virtual_counters[tenant] += num_tokens / self.tenant_weights.get(tenant, 1.0)
 
     def _forget(self, request: Request, was_running: bool) -> None:
-        tenant = request.tenant_key
-        self.num_unfinished_by_tenant[tenant] -= 1
+        _decrement(self.num_unfinished_by_group, request.group_key)
         if was_running:
-            self.num_running_by_tenant[tenant] -= 1
+            _decrement(self.num_running_by_group, request.group_key)
+
+
+def _decrement(counts: Counter[str], tenant: str) -> None:
+    """One fewer for `tenant`, and no entry at zero: a long-running engine sees tenants come and go."""
+    counts[tenant] -= 1
+    if not counts[tenant]:
+        del counts[tenant]

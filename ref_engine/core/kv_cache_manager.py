@@ -17,7 +17,13 @@ instead of computing them again; each block it completes is registered for later
 (the engine's choice; the simulator leaves it off and pays nothing), each admitted request's explanation
 is recorded as its table is first allocated, from the cache as its lookup saw it: explaining later would
 describe another cache (its own blocks registered, others evicted), and explaining every lookup would
-scan the pool each step a request waits at the head of the queue.
+cost work each step a request waits at the head of the queue. An explanation's work does not grow with
+the pool: it reads the pool's bounded record of evictions, tries the `MAX_KEYS_EXPLAINED` isolation keys
+seen most recently, and compares at most `MAX_SIBLINGS_EXPLAINED` cached blocks that continue the prefix.
+
+`reset_prefix_cache(tenant)` takes every cached block (or one tenant's: blocks are registered in the pool
+under their request's tenant, never under the request) out of the cache at once, even under load; blocks
+in use are freed when their requests finish.
 
 Preemption by swap moves a request's blocks to a host pool and back; the manager only decides which block
 goes where and returns the copy plan, which executors carry out.
@@ -28,10 +34,11 @@ Lesson: lessons/02-paged-attention.md (block tables and allocation); lessons/04-
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
-from ref_engine.core.block_hash import BlockHash, extend_block_hashes, hash_block_tokens, isolation_key
+from ref_engine.core.block_hash import BlockHash, extend_block_hashes, isolation_key
 from ref_engine.core.block_pool import BlockPool
 from ref_engine.core.config import KVAllocation
 from ref_engine.core.math_utils import cdiv
@@ -39,6 +46,9 @@ from ref_engine.core.request import Request
 
 MissReason = Literal["caching_disabled", "shorter_than_block", "all_full_blocks_hit", "evicted",
                      "other_isolation_key", "different_tokens", "never_computed"]
+
+MAX_KEYS_EXPLAINED = 16  # other isolation keys (tenants, salts) a miss explanation tries, most recent first
+MAX_SIBLINGS_EXPLAINED = 16  # cached blocks continuing the prefix whose tokens an explanation compares
 
 
 @dataclass(frozen=True)
@@ -97,12 +107,13 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.cache_namespace = cache_namespace
         self.explain_misses = explain_misses and enable_caching
-        self.block_pool = BlockPool(num_blocks, remember_evictions=self.explain_misses)
+        self.block_pool = BlockPool(num_blocks, explainable=self.explain_misses)
         self.host_pool = BlockPool(num_swap_blocks)
         self.block_tables: dict[str, list[int]] = {}
         self.host_block_tables: dict[str, list[int]] = {}
         self._num_registered: dict[str, int] = {}  # leading blocks of each table already in the cache
-        self._isolation_keys: set[bytes] = set()  # every key seen, to explain cross-tenant misses
+        # The isolation keys explained most recently (an ordered set, newest last), for cross-tenant misses.
+        self._recent_keys: OrderedDict[bytes, None] = OrderedDict()
         self._explanations: dict[str, PrefixCacheExplanation] = {}  # by request id, until taken
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for this step
 
@@ -127,9 +138,14 @@ class KVCacheManager:
         hashes = request.block_hashes
         done = len(hashes) * self.block_size
         if request.num_tokens - done >= self.block_size:
-            key = isolation_key(self.cache_namespace, request.tenant, request.cache_salt)
-            extend_block_hashes(hashes, request.token_ids(done, request.num_tokens), self.block_size, key)
+            extend_block_hashes(hashes, request.token_ids(done, request.num_tokens), self.block_size,
+                                self.isolation_key(request))
         return hashes
+
+    def isolation_key(self, request: Request) -> bytes:
+        """The extra keys of the request's block hashes: this manager's model namespace, its tenant and
+        cache salt (never its `user` label, which the client chooses)."""
+        return isolation_key(self.cache_namespace, request.tenant, request.cache_salt)
 
     def get_computed_blocks(self, request: Request) -> CachedPrefix:
         """The longest run of the request's leading full blocks already in the cache (not yet referenced).
@@ -161,8 +177,11 @@ class KVCacheManager:
         hashes = self.block_hashes(request)
         table = self.block_tables[request.request_id]
         pool = self.block_pool
+        owner = request.tenant_key
+        root = self.isolation_key(request) if self.explain_misses else None  # the first block's parent link
         for i in range(start, num_full):
-            pool.cache_block(table[i], hashes[i], self._block_tokens(request, i))
+            pool.cache_block(table[i], hashes[i], self._block_tokens(request, i), owner=owner,
+                             parent=hashes[i - 1] if i else root)
         self._num_registered[request.request_id] = num_full
 
     def _block_tokens(self, request: Request, i: int) -> tuple[int, ...]:
@@ -183,8 +202,12 @@ class KVCacheManager:
         n = request.num_tokens
         hashes = self.block_hashes(request)
         hits = len(prefix.blocks)
-        own_key = isolation_key(self.cache_namespace, request.tenant, request.cache_salt)
-        self._isolation_keys.add(own_key)
+        own_key = self.isolation_key(request)
+        recent = self._recent_keys
+        recent[own_key] = None
+        recent.move_to_end(own_key)
+        if len(recent) > MAX_KEYS_EXPLAINED + 1:  # the others, and this one
+            recent.popitem(last=False)
         if not hashes:
             return PrefixCacheExplanation(n, 0, "shorter_than_block")
         if hits == len(hashes):
@@ -192,19 +215,19 @@ class KVCacheManager:
         pool = self.block_pool
         if hashes[hits] in pool.evicted:
             return PrefixCacheExplanation(n, hits * bs, "evicted", hits * bs)
-        for key in self._isolation_keys - {own_key}:
-            other: list[BlockHash] = []
-            extend_block_hashes(other, request.token_ids(0, (hits + 1) * bs), bs, key)
-            if other[hits] in pool.cached:
-                return PrefixCacheExplanation(n, hits * bs, "other_isolation_key", hits * bs)
-        # A cached block whose parent is our last hit and whose key is ours, but with other tokens?
-        parent = hashes[hits - 1] if hits else None
+        for key in reversed(recent):
+            if key != own_key:
+                other: list[BlockHash] = []
+                extend_block_hashes(other, request.token_ids(0, (hits + 1) * bs), bs, key)
+                if other[hits] in pool.cached:
+                    return PrefixCacheExplanation(n, hits * bs, "other_isolation_key", hits * bs)
+        # A cached block that continues our last hit (same parent, so same key), but with other tokens?
         mine = self._block_tokens(request, hits)
         best = None
-        for b, tokens in enumerate(pool.block_tokens):
-            if tokens is not None and hash_block_tokens(parent, tokens, own_key) == pool.block_hash[b]:
-                same = next((j for j, (x, y) in enumerate(zip(tokens, mine)) if x != y), bs)
-                best = same if best is None else max(best, same)
+        for b in pool.children(hashes[hits - 1] if hits else own_key)[:MAX_SIBLINGS_EXPLAINED]:
+            tokens = pool.block_tokens[b]
+            same = next((j for j, (x, y) in enumerate(zip(tokens, mine)) if x != y), bs)
+            best = same if best is None else max(best, same)
         if best is not None:
             return PrefixCacheExplanation(n, hits * bs, "different_tokens", hits * bs + best)
         return PrefixCacheExplanation(n, hits * bs, "never_computed", hits * bs)
@@ -293,9 +316,11 @@ class KVCacheManager:
         self.allocate_slots(request, num_new_tokens)
         return list(zip(host_blocks, device_blocks))
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget the prefix cache; False (nothing changed) while requests hold blocks."""
-        return self.block_pool.reset_prefix_cache()
+    def reset_prefix_cache(self, tenant: str | None = None) -> int:
+        """Take every cached block, or those cached by `tenant`'s requests (under any cache salt; requests
+        without a tenant count as `DEFAULT_TENANT`), out of the prefix cache now; blocks in use are freed
+        when their requests finish. Returns how many blocks left the cache."""
+        return self.block_pool.reset_prefix_cache(owner=tenant)
 
     # ---- statistics ----
 
@@ -318,5 +343,6 @@ class KVCacheManager:
                 for b in table:
                     counts[b] += 1
             assert counts == pool.ref_cnt, "ref counts differ from block-table entries"
-            shared = [b for b, c in enumerate(counts) if c > 1 and pool.block_hash[b] is None]
+            shared = [b for b, c in enumerate(counts)
+                      if c > 1 and pool.block_hash[b] is None and b not in pool.dropped]
             assert not shared, f"blocks {shared[:5]} are shared but not cached"

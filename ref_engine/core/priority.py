@@ -36,16 +36,19 @@ def priority_key(request: Request) -> tuple[int, float]:
 
 
 class PriorityRequestQueue(RequestQueue):
-    """Waiting requests in `priority_key` order, ties by the order they were queued."""
+    """Waiting requests in `priority_key` order, ties by the order they were queued; a request put back
+    (preempted, or passed over at its tenant's cap) goes ahead of its ties, as at the head of a deque."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[int, float, int, Request]] = []
         self._order = itertools.count()  # the last tie-break: never compare two Requests
+        self._put_back_order = itertools.count(-1, -1)  # below every added one, the latest put back first
 
     def add_request(self, request: Request) -> None:
         heapq.heappush(self._heap, (*priority_key(request), next(self._order), request))
 
-    prepend_request = add_request  # a preempted request is filed by its key like any other
+    def prepend_request(self, request: Request) -> None:
+        heapq.heappush(self._heap, (*priority_key(request), next(self._put_back_order), request))
 
     def peek_request(self) -> Request:
         return self._heap[0][-1]

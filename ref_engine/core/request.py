@@ -62,8 +62,9 @@ class Request:
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     min_tokens: int = 0
-    tenant: str | None = None
+    tenant: str | None = None  # who sent it, as authenticated: isolates the prefix cache; tenant caps count it
     cache_salt: str | None = None  # with the tenant, the prefix-cache isolation key
+    user: str | None = None  # a label the client chose: groups requests for the fair policy, isolates nothing
     priority: int = 0  # scheduling_policy="priority": lower runs first, as in vLLM
     sampling_params: Any = None
 
@@ -85,11 +86,24 @@ class Request:
             raise ValueError(f"request {self.request_id!r}: prompt_token_ids is empty")
         if self.max_tokens < 1:
             raise ValueError(f"request {self.request_id!r}: max_tokens must be >= 1, got {self.max_tokens}")
+        for name in ("tenant", "cache_salt", "user"):  # they key the cache and the fair policy's counters
+            value = getattr(self, name)
+            if value is not None and not is_utf8_text(value):
+                raise ValueError(f"request {self.request_id!r}: {name} must be a string of valid Unicode text "
+                                 f"(no lone surrogates), got {value!r}")
 
     @property
     def tenant_key(self) -> str:
         """The tenant this request is counted under: its own, or `DEFAULT_TENANT`."""
         return DEFAULT_TENANT if self.tenant is None else self.tenant
+
+    @property
+    def group_key(self) -> str:
+        """Whom the fair policy shares the device between: the tenant; without one, the client's `user`
+        label (a grouping, not a security boundary); else `DEFAULT_TENANT`."""
+        if self.tenant is not None:
+            return self.tenant
+        return DEFAULT_TENANT if self.user is None else self.user
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -135,3 +149,14 @@ class Request:
             self.status = RequestStatus.FINISHED_LENGTH
             return True
         return False
+
+
+def is_utf8_text(value: object) -> bool:
+    """A str that encodes to UTF-8 (Python strings may hold lone surrogates, which do not)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

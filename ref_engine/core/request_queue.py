@@ -8,9 +8,9 @@ first served puts it at the head (it arrived before everyone waiting); a queue w
 priority, or fair shares between tenants) may simply file it by that order.
 
 `FCFSRequestQueue` is vLLM's default: arrival order, a deque. Other orders subclass `RequestQueue` and
-implement its methods; `__iter__` lists the requests in the order they would be popped, and truth says
-whether `peek_request` has a request to offer: `len(queue) > 0`, as for any container, unless the queue
-holds some back (the fair queue holds back tenants at their cap, ref_engine/core/fair.py).
+implement its methods; `__iter__` lists the requests in the order they would be popped. Per-tenant caps are
+not the queue's business: the scheduler passes over a capped tenant's requests and puts them back
+(`Scheduler.schedule_waiting`), whatever the order.
 
 Lesson: lessons/01-continuous-batching.md (who joins the batch next).
 """

@@ -8,8 +8,9 @@ decode token differ only in N.
 two phases that fill one `StepPlan`:
 1. `schedule_running`: running requests first, in admission order: each gets its remaining tokens (1 when
    decoding, the rest of its prompt when prefilling), cut to the budget left (chunked prefill) and to the
-   prefill budgets (`long_prefill_token_threshold` per request, `prefill_budget_tokens` per step); a
-   decode row beyond `decode_batch_max_tokens`, or a prefill row once the prefill budget is spent, sits the
+   prefill budgets (`long_prefill_token_threshold` per request, `prefill_budget_tokens` per step); decode
+   rows share `decode_batch_max_tokens` tokens (1 + k each with k drafts; the last one's drafts are cut to
+   fit), and a decode row with no token left, or a prefill row once the prefill budget is spent, sits the
    step out;
 2. if a running request needs a KV block and none is free, a victim is preempted (`select_victim`: the
    most recently admitted running request): by recompute (free its blocks, requeue it at the head,
@@ -18,7 +19,8 @@ two phases that fill one `StepPlan`:
 3. `schedule_waiting`, only if nothing was preempted: waiting requests are admitted in the waiting queue's
    order (`request_queue_class`: first come, first served) while budget, `max_num_seqs`,
    `max_num_partial_prefills`, the prefill budgets and free blocks last; the first that does not fit stops
-   admission. A request joins the batch the step after another
+   admission. A request whose tenant already runs `tenant_max_num_seqs` is passed over for this step, and
+   keeps its place in the queue. A request joins the batch the step after another
    leaves: no bubbles. With prefix caching, an admitted request starts with its cached leading blocks
    already computed, so only the rest of its prompt counts against the budget;
 4. after the step (`update_from_output`), every block a request completed is registered in the prefix
@@ -50,6 +52,8 @@ lessons/03-chunked-prefill-and-disaggregation.md#budget-knobs.
 
 from __future__ import annotations
 
+import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -72,7 +76,7 @@ class StepPlan:
 
     token_budget: int  # tokens this step may still schedule
     prefill_token_budget: int  # prefill tokens it may still schedule (`prefill_budget_tokens`)
-    decode_row_budget: int  # decode rows it may still schedule (`decode_batch_max_tokens`)
+    decode_token_budget: int  # decode tokens (1 + drafts per row) it may still schedule (`decode_batch_max_tokens`)
     partial_prefill_budget: int  # prefill rows it may still schedule (`max_num_partial_prefills`)
     scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, its new tokens)
     preempted: list[str] = field(default_factory=list)  # request ids, in the order they were preempted
@@ -97,7 +101,7 @@ class Scheduler:
         budget = config.max_num_batched_tokens
         self.long_prefill_token_threshold = config.long_prefill_token_threshold or budget
         self.prefill_budget_tokens = config.prefill_budget_tokens or budget
-        self.decode_batch_max_tokens = config.decode_batch_max_tokens or config.max_num_seqs
+        self.decode_batch_max_tokens = config.decode_batch_max_tokens or budget
         self.max_num_partial_prefills = config.max_num_partial_prefills or config.max_num_seqs
         if config.preemption_mode == "swap":
             num_swap = num_kv_blocks if config.num_swap_blocks is None else config.num_swap_blocks
@@ -112,6 +116,8 @@ class Scheduler:
         self.waiting: RequestQueue = self.request_queue_class()
         self.running: list[Request] = []  # in admission order
         self.requests: dict[str, Request] = {}  # unfinished requests by id
+        self.tenant_max_num_seqs = dict(config.tenant_max_num_seqs or ())
+        self.num_running_by_tenant: Counter[str] = Counter()  # by `Request.tenant_key`; no zero entries
         self.num_preemptions = 0
         self.num_steps = 0
 
@@ -137,6 +143,8 @@ class Scheduler:
                 f"request {request.request_id!r} needs {needed} KV blocks at its longest "
                 f"({request.max_total_tokens} tokens, kv_allocation={cfg.kv_allocation!r}) but the pool "
                 f"has {pool}; raise num_kv_blocks / kv_cache_memory or lower max_tokens")
+        if cfg.enable_prefix_caching:
+            self.kv_cache_manager.block_hashes(request)  # the prompt's hash chain, once, before any step
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
 
@@ -152,7 +160,8 @@ class Scheduler:
         never run raises ValueError, as in `add_request`."""
         # len(), not truth: a fair queue is falsy while all its backlogged tenants are at their caps, and
         # a remote request must not overtake them
-        can_admit = len(self.waiting) == 0 and len(self.running) < self.config.max_num_seqs
+        can_admit = (len(self.waiting) == 0 and len(self.running) < self.config.max_num_seqs
+                     and not self.at_tenant_cap(request))
         self.add_request(request)  # validates and caps max_tokens
         self.waiting.remove_request(request)
         if not (0 <= num_external_tokens < request.num_prompt_tokens):
@@ -166,9 +175,10 @@ class Scheduler:
         self.admit(request, now)
         return self.kv_cache_manager.get_block_ids(request.request_id)
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget the prefix cache (vLLM's name); False while requests hold blocks."""
-        return self.kv_cache_manager.reset_prefix_cache()
+    def reset_prefix_cache(self, tenant: str | None = None) -> int:
+        """Take the prefix cache, or `tenant`'s part of it, out of use now (vLLM's name), even while requests
+        run: see `KVCacheManager.reset_prefix_cache`. Returns how many blocks left the cache."""
+        return self.kv_cache_manager.reset_prefix_cache(tenant)
 
     def get_request(self, request_id: str) -> Request | None:
         """The unfinished request with this id, or None."""
@@ -195,7 +205,7 @@ class Scheduler:
         if request is None:
             return None
         if request in self.running:
-            self.running.remove(request)
+            self.leave_running(request)
         else:
             self.waiting.remove_request(request)
         if num_output_tokens is not None:
@@ -249,15 +259,17 @@ class Scheduler:
         running = self.running
         scheduled = plan.scheduled
         budget, prefill_budget = plan.token_budget, plan.prefill_token_budget
-        decode_rows, prefill_rows = plan.decode_row_budget, plan.partial_prefill_budget
+        decode_tokens, prefill_rows = plan.decode_token_budget, plan.partial_prefill_budget
         threshold = self.long_prefill_token_threshold
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
             remaining = request.num_tokens - request.num_computed_tokens
             if remaining == 1:  # a decode row: the last known token, and the drafts after it
-                n = 1 + len(request.spec_token_ids) if decode_rows else 0
-                if n > budget:  # not min(): on Python 3.11 that builtin costs more than this whole branch
+                n = 1 + len(request.spec_token_ids)
+                if n > decode_tokens:  # not min(): on Python 3.11 that builtin costs more than this branch
+                    n = decode_tokens
+                if n > budget:
                     n = budget
             else:
                 n = min(remaining, threshold, prefill_budget, budget)
@@ -273,29 +285,34 @@ class Scheduler:
                 scheduled.append((request, n))
                 budget -= n
                 if remaining == 1:
-                    decode_rows -= 1
+                    decode_tokens -= n
                 else:
                     prefill_budget -= n
                     prefill_rows -= 1
                 i += 1
         plan.token_budget, plan.prefill_token_budget = budget, prefill_budget
-        plan.decode_row_budget, plan.partial_prefill_budget = decode_rows, prefill_rows
+        plan.decode_token_budget, plan.partial_prefill_budget = decode_tokens, prefill_rows
 
     def schedule_waiting(self, plan: StepPlan, now: float) -> None:
         """Admit waiting requests in the queue's order while budget, `max_num_seqs`, the prefill budgets and
         free blocks last. Each gets its remaining tokens after its cached prefix, or (chunked prefill) what
         the budgets have left; the first that does not fit stops admission, so the queue's order is never
-        overtaken."""
+        overtaken. Requests of tenants at their `tenant_max_num_seqs` are set aside for the step and put back
+        where they were."""
         kv = self.kv_cache_manager
         waiting = self.waiting
         max_num_seqs = self.config.max_num_seqs
         budget = plan.token_budget
+        passed_over: list[Request] = []  # in the order popped
         while waiting and budget > 0 and len(self.running) < max_num_seqs:
             request = waiting.peek_request()
+            if self.tenant_max_num_seqs and self.at_tenant_cap(request):
+                passed_over.append(waiting.pop_request())
+                continue
             prefix = kv.get_computed_blocks(request)
             remaining = request.num_tokens - request.num_computed_tokens - prefix.num_tokens
             if remaining == 1:  # a decode row (a swapped-out decode, or a prompt cached but for its last token)
-                n = min(1, plan.decode_row_budget, budget)
+                n = min(1, plan.decode_token_budget, budget)
             elif plan.partial_prefill_budget:
                 n = min(remaining, self.long_prefill_token_threshold, plan.prefill_token_budget, budget)
             else:
@@ -313,11 +330,18 @@ class Scheduler:
             plan.scheduled.append((request, n))
             budget -= n
             if remaining == 1:
-                plan.decode_row_budget -= 1
+                plan.decode_token_budget -= n
             else:
                 plan.prefill_token_budget -= n
                 plan.partial_prefill_budget -= 1
         plan.token_budget = budget
+        for request in reversed(passed_over):
+            waiting.prepend_request(request)
+
+    def at_tenant_cap(self, request: Request) -> bool:
+        """Whether the request's tenant already runs its `tenant_max_num_seqs` requests."""
+        tenant = request.tenant_key
+        return self.num_running_by_tenant[tenant] >= self.tenant_max_num_seqs.get(tenant, sys.maxsize)
 
     def select_victim(self, candidates: Sequence[Request]) -> Request:
         """The request to preempt when KV blocks run out. `candidates` are the running requests not yet
@@ -333,13 +357,14 @@ class Scheduler:
             request.num_cached_tokens = num_cached_tokens
         request.status = RequestStatus.RUNNING
         self.running.append(request)
+        self.num_running_by_tenant[request.tenant_key] += 1
         if request.first_scheduled_time is None:
             request.first_scheduled_time = now
 
     def preempt(self, request: Request, plan: StepPlan) -> None:
         """Take a running request off the device and put it back at the head of the waiting queue: swapped
         to the host pool if `preemption_mode="swap"` and the host pool has room, else to be recomputed."""
-        self.running.remove(request)
+        self.leave_running(request)
         request.num_preemptions += 1
         self.num_preemptions += 1
         plan.preempted.append(request.request_id)
@@ -382,7 +407,7 @@ class Scheduler:
             if caching and num_computed // block_size > computed_before // block_size:
                 kv.cache_full_blocks(request)  # this step completed a block: register it for later requests
             if is_done:
-                self.running.remove(request)
+                self.leave_running(request)
                 self._release(request, now)
                 finished.append(request)
         self.num_steps += 1
@@ -417,6 +442,14 @@ class Scheduler:
                 request.spec_token_ids = token_ids
 
     # ---- helpers ----
+
+    def leave_running(self, request: Request) -> None:
+        """Take a request off the running list (preempted or finished), and out of its tenant's count."""
+        self.running.remove(request)
+        counts, tenant = self.num_running_by_tenant, request.tenant_key
+        counts[tenant] -= 1
+        if not counts[tenant]:
+            del counts[tenant]  # tenants come and go: keep only those running
 
     def _release(self, request: Request, now: float) -> None:
         self.kv_cache_manager.free(request.request_id)

@@ -45,6 +45,7 @@ class KVTransferParams:
     saved_at: float  # when saving began: the prompt's K/V had just been computed
     save_s: float = 0.0
     error: str | None = None  # why saving failed; the consumer must not admit the request then
+    cache_namespace: str = ""  # the producer's (model, weights, dtypes, tokenizer): the consumer's must match
 
 
 class KVConnectorBase(ABC):

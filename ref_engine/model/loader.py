@@ -2,8 +2,8 @@
 
 This module owns the dispatch and the assembly. It decides what `path` is, lets the format module read
 it (`loader_hf.HFCheckpoint` or `loader_gguf.GGUFCheckpoint`, which share one shape: `arch`,
-`model_id`, `weights()`, `tokenizer()`, `eos_token_ids()`), then builds `LlamaForCausalLM` on the
-device and streams the weights into it:
+`model_id`, `content_files`, `weights()`, `tokenizer()`, `eos_token_ids()`), then builds `LlamaForCausalLM`
+on the device and streams the weights into it:
 
 * `None`                           -> the default SmolLM2-135M-Instruct GGUF (`store.default_model_path`)
 * a folder with `config.json`      -> Hugging Face safetensors checkpoint
@@ -11,10 +11,20 @@ device and streams the weights into it:
 
 Weights are computed in float32 or bfloat16, whatever the file stores, or with `quantization="int8"` in
 int8 (ref_engine/model/quantization.py).
+
+`LoadedModel.weights_digest` is a SHA-256 of the checkpoint's content files (weights, and a folder's
+config.json): the name says which model, the digest says which numbers, so the engine's prefix cache never
+serves K/V computed from other weights filed under the same name. Reading ~100 MB costs ~0.07 s; a file's
+digest is remembered by path, size, inode and modification and change times (the change time moves on any
+write, even one that restores the modification time), so a test session that builds many engines on one
+file hashes it once.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+from collections.abc import Sequence
 from copy import deepcopy
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,6 +52,7 @@ class LoadedModel:
     arch: ArchConfig
     eos_token_ids: set[int]
     model_id: str  # names the weights (file stem or folder name, "+int8" when quantized); prefix-cache hashes include it
+    weights_digest: str  # which weights: `content_digest` of the checkpoint's files; prefix-cache hashes include it
     quantization: str | None = None  # None: the float reference; "int8": ref_engine/model/quantization.py
 
 
@@ -61,7 +72,8 @@ def load_model(path: str | Path | None = None, dtype: torch.dtype | str = "float
     except ValueError as err:  # a missing, unexpected or misshapen tensor: say which file
         raise ValueError(f"{path}: {err}") from None
     loaded = LoadedModel(model=model.eval(), tokenizer=tokenizer, arch=checkpoint.arch,
-                         eos_token_ids=checkpoint.eos_token_ids(tokenizer), model_id=checkpoint.model_id)
+                         eos_token_ids=checkpoint.eos_token_ids(tokenizer), model_id=checkpoint.model_id,
+                         weights_digest=content_digest(checkpoint.content_files))
     return quantized(loaded, quantization, copy=False) if quantization is not None else loaded
 
 
@@ -77,6 +89,22 @@ def quantized(loaded: LoadedModel, quantization: str, *, copy: bool = True) -> L
     quantize_model(model, quantization)
     # other numbers: neither its prefix cache nor its profile is the float one's
     return replace(loaded, model=model, model_id=f"{loaded.model_id}+{quantization}", quantization=quantization)
+
+
+def content_digest(files: Sequence[Path]) -> str:
+    """SHA-256 over the files' contents, in order (hex, 32 characters)."""
+    digest = hashlib.sha256()
+    for path in files:
+        stat = path.stat()
+        digest.update(_file_digest(str(path.resolve()), (stat.st_size, stat.st_ino, stat.st_mtime_ns,
+                                                         stat.st_ctime_ns)))
+    return digest.hexdigest()[:32]
+
+
+@functools.lru_cache(maxsize=32)  # the stat in the key: a file rewritten or replaced is read again
+def _file_digest(path: str, stat: tuple[int, ...]) -> bytes:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").digest()
 
 
 def read_arch(path: str | Path) -> ArchConfig:

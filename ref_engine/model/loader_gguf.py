@@ -54,6 +54,7 @@ class GGUFCheckpoint:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.content_files = [self.path]  # what the model's numbers depend on: weights and metadata
         self.reader = gguf.GGUFReader(self.path)
         self.metadata: dict[str, Any] = {name: field.contents() for name, field in self.reader.fields.items()}
         self.tensors = {t.name: t for t in self.reader.tensors}

@@ -40,6 +40,7 @@ class HFCheckpoint:
             raise ValueError(f"{config_path}: {err}") from None
         self.model_id = self.folder.name
         self.weight_files = _safetensors_files(self.folder)
+        self.content_files = [config_path, *self.weight_files]  # what the model's numbers depend on
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """`(name, tensor)` for every tensor of every safetensors file, in file order."""

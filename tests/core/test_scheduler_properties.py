@@ -91,10 +91,25 @@ def scenarios(draw):
     return config, num_blocks, requests, dict(abort_at), draw(st.integers(0, 2**16))
 
 
+def reset_and_check(sched, tenant: str | None) -> None:
+    """`reset_prefix_cache` mid-run (all, or one tenant's blocks): nothing of what it selected stays
+    findable, everything else does, and blocks in use are only dropped (freed later by their requests)."""
+    pool = sched.kv_cache_manager.block_pool
+    before = dict(pool.cached)
+    selected = {h for h, b in before.items() if tenant is None or pool.block_owner[b] == tenant}
+    in_use = {before[h] for h in selected if pool.ref_cnt[before[h]]}
+    assert sched.reset_prefix_cache(tenant) == len(selected)
+    assert pool.cached == {h: b for h, b in before.items() if h not in selected}
+    assert in_use <= pool.dropped
+
+
 @settings(max_examples=300, deadline=None)
-@given(scenarios())
-def test_invariants_hold_under_any_sequence(scenario):
+@given(scenarios(), st.lists(st.tuples(st.integers(0, 60), st.sampled_from([None, "a", "b", "default"])),
+                             max_size=3))
+def test_invariants_hold_under_any_sequence(scenario, resets):
+    """Random workloads, aborts and prefix-cache resets (all, or one tenant's, while requests run)."""
     config, num_blocks, specs, abort_at, seed = scenario
+    reset_at = dict(resets)
     rng = random.Random(seed)
     sched = make_scheduler(config, num_blocks)
     eos = frozenset({0})
@@ -124,6 +139,8 @@ def test_invariants_hold_under_any_sequence(scenario):
                     sched.kv_cache_manager.max_blocks_needed(req) > num_blocks
         if step in abort_at and accepted:
             sched.abort_request(accepted[abort_at[step] % len(accepted)].request_id, now=step)
+        if step in reset_at:
+            reset_and_check(sched, reset_at[step])
         out = sched.schedule(now=float(step))
         check_step_invariants(sched, out)
         write_and_check_kv(sched, out, store, host)
@@ -147,7 +164,7 @@ def test_invariants_hold_under_any_sequence(scenario):
             assert 1 <= req.num_output_tokens <= req.max_tokens
     # quiescence: the pools are whole again
     kv = sched.kv_cache_manager
-    assert kv.block_pool.num_free_blocks == num_blocks
+    assert kv.block_pool.num_free_blocks == num_blocks and not kv.block_pool.dropped
     if not config.enable_prefix_caching:
         assert kv.block_pool.num_cached_blocks == 0
     assert kv.host_pool.num_free_blocks == kv.host_pool.num_blocks
@@ -155,15 +172,17 @@ def test_invariants_hold_under_any_sequence(scenario):
 
 
 @settings(max_examples=200, deadline=None)
-@given(scenarios(), st.integers(1, 5), st.sampled_from([None, 1, 3]))
-def test_speculative_steps_roll_back_to_the_accepted_tokens(scenario, k, disable_above):
+@given(scenarios(), st.integers(1, 5), st.sampled_from([None, 1, 3]), st.sampled_from([None, 1, 4, 7]))
+def test_speculative_steps_roll_back_to_the_accepted_tokens(scenario, k, disable_above, decode_cap):
     """Random drafts and random acceptances, with chunked prefill, preemption, aborts and prefix caching. The
     fake KV store records which token each slot's K/V was computed from; every position below
     num_computed_tokens must hold the request's real token there (rejected drafts are rolled back, never
-    counted, and never registered in the prefix cache)."""
+    counted, and never registered in the prefix cache). With `decode_batch_max_tokens`, a step's decode rows
+    hold at most that many tokens, drafts included."""
     config, num_blocks, specs, abort_at, seed = scenario
     config = config.replace(scheduling="continuous", kv_allocation="paged", speculative_method="ngram",
-                            num_speculative_tokens=k, speculative_disable_by_batch_size=disable_above)
+                            num_speculative_tokens=k, speculative_disable_by_batch_size=disable_above,
+                            decode_batch_max_tokens=decode_cap)
     rng = random.Random(seed)
     sched = make_scheduler(config, num_blocks)
     accepted: list[Request] = []
@@ -190,6 +209,8 @@ def test_speculative_steps_roll_back_to_the_accepted_tokens(scenario, k, disable
         check_step_invariants(sched, out)
         write_and_check_kv(sched, out, store, host)  # prefix caching may be on: shared blocks stay intact
         sampled = {}
+        assert sum(s.num_scheduled_tokens for s in out.scheduled
+                   if s.num_computed_tokens == sched.requests[s.request_id].num_tokens - 1) <= (decode_cap or 10**9)
         for s in out.scheduled:
             req = sched.requests[s.request_id]
             assert s.num_draft_tokens == 0 or s.num_computed_tokens == req.num_tokens - 1
@@ -227,7 +248,7 @@ def test_speculative_steps_roll_back_to_the_accepted_tokens(scenario, k, disable
 def test_prefill_budgets_bound_every_step_and_every_request_finishes(scenario, data):
     """The prefill budgets on random workloads, under each scheduling policy (random priorities, tenants,
     weights and a tenant cap): no prefill row exceeds `long_prefill_token_threshold`, no step holds more
-    than `prefill_budget_tokens` prefill tokens or `decode_batch_max_tokens` decode rows, no more than
+    than `prefill_budget_tokens` prefill tokens or `decode_batch_max_tokens` decode tokens, no more than
     `max_num_partial_prefills` prompts are mid-prefill (scheduled this step or not), and yet everything
     finishes: a budget or a policy delays requests, it never deadlocks them."""
     config, num_blocks, specs, abort_at, seed = scenario
@@ -262,15 +283,15 @@ def test_prefill_budgets_bound_every_step_and_every_request_finishes(scenario, d
         out = sched.schedule(now=float(step))
         check_step_invariants(sched, out)
         prefill_rows = {}
-        decode_rows = 0
+        decode_tokens = 0
         for s in out.scheduled:
             if s.num_computed_tokens == sched.requests[s.request_id].num_tokens - 1:
-                decode_rows += 1
+                decode_tokens += s.num_scheduled_tokens
             else:
                 prefill_rows[s.request_id] = s.num_scheduled_tokens
         assert all(n <= (config.long_prefill_token_threshold or budget) for n in prefill_rows.values())
         assert sum(prefill_rows.values()) <= (config.prefill_budget_tokens or budget)
-        assert decode_rows <= (config.decode_batch_max_tokens or config.max_num_seqs)
+        assert decode_tokens <= (config.decode_batch_max_tokens or budget)
         mid_prefill = set(prefill_rows) | {r.request_id for r in sched.running
                                            if r.num_computed_tokens < r.num_tokens - 1}
         assert len(mid_prefill) <= (config.max_num_partial_prefills or config.max_num_seqs)
@@ -283,7 +304,7 @@ def test_prefill_budgets_bound_every_step_and_every_request_finishes(scenario, d
     assert all(req.status in (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED) for req in accepted)
     assert sched.kv_cache_manager.block_pool.num_free_blocks == num_blocks
     if config.scheduling_policy == "fair":  # the per-tenant counts the policy keeps came back to zero
-        assert not any(sched.num_running_by_tenant.values()) and not any(sched.num_unfinished_by_tenant.values())
+        assert not sched.num_running_by_group and not sched.num_unfinished_by_group
 
 
 def blocks_missing(kv, request: Request, num_new_tokens: int, prefix) -> int:

@@ -127,20 +127,52 @@ def test_a_late_tenant_is_admitted_when_the_first_seat_frees():
     assert sched.waiting.__len__() == 0
 
 
-def test_a_tenant_cap_bounds_its_running_requests():
-    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, scheduling_policy="fair",
+@pytest.mark.parametrize("policy", ["fcfs", "priority", "fair"])
+def test_a_tenant_cap_bounds_its_running_requests_under_every_policy(policy):
+    """a's four requests come first, yet only one runs at a time; b's, queued behind them, are not held up
+    by a's cap (they take the other three seats from the first step); a's keep their order."""
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, scheduling_policy=policy,
                           tenant_max_num_seqs={"a": 1})
     sched = make_scheduler(config.for_model(512), 128)
     for r in tenant_requests("a", 4) + tenant_requests("b", 4):
         sched.add_request(r)
     most = {"a": 0, "b": 0}
+    admitted = []
     for step in range(100):
         out = sched.schedule(now=float(step))
+        admitted += [s.request_id for s in out.scheduled if s.num_computed_tokens == 0]
         for tenant in most:
             most[tenant] = max(most[tenant], sum(r.tenant == tenant for r in sched.running))
         sched.update_from_output(out, StepResult({s.request_id: [7] for s in out.scheduled if s.needs_logits}),
                                  now=float(step))
     assert most == {"a": 1, "b": 3} and not sched.has_unfinished_requests()
+    assert [r for r in admitted if r.startswith("a")] == ["a0", "a1", "a2", "a3"]
+    assert set(admitted[:4]) == {"a0", "b0", "b1", "b2"}
+    assert not sched.num_running_by_tenant  # no entries left behind by tenants that came and went
+
+
+def test_fair_groups_by_user_only_without_a_tenant_and_forgets_idle_groups():
+    """Without a tenant, the client's `user` label is the fair policy's group: two users alternate as two
+    tenants would. With a tenant, `user` is ignored. Groups that finished leave no state behind."""
+    config = EngineConfig(max_num_seqs=1, max_num_batched_tokens=64, scheduling_policy="fair")
+    u = [req(f"u{i}", 8, 2, user="u") for i in range(3)]
+    v = [req(f"v{i}", 8, 2, arrival=0.5, user="v") for i in range(3)]
+    sched, admitted = drive(config, 64, {0: u + v})
+    assert [r for _, r in admitted] == ["u0", "v0", "u1", "v1", "u2", "v2"]
+    assert not sched.num_running_by_group and not sched.num_unfinished_by_group and not sched.waiting._queues
+    keyed = [req(f"k{i}", 8, 2, tenant="acme", user=f"user{i}") for i in range(2)]
+    assert {r.group_key for r in keyed} == {"acme"}
+
+
+def test_fair_forgets_idle_counters_the_lift_would_overtake():
+    """Many one-off labels (each a group) come and go while a long request of "main" runs; their counters
+    are dropped once they fall below the floor a returning group would be lifted to, so state stays small."""
+    config = EngineConfig(max_num_seqs=2, max_num_batched_tokens=64, scheduling_policy="fair")
+    arrivals = {0: [req("main", 4, 300, tenant="main")]}
+    for i in range(100):
+        arrivals.setdefault(1 + 3 * i, []).append(req(f"x{i}", 4, 1, arrival=1 + 3 * i, user=f"label-{i}"))
+    sched, _ = drive(config, 256, arrivals)
+    assert len(sched.virtual_counters) <= 3
 
 
 def test_preemption_under_fair_takes_the_most_served_tenant():
@@ -157,14 +189,28 @@ def test_a_remote_prefilled_request_is_counted_only_once_admitted():
     sched.add_request(req("a0", 8, 2, tenant="a"))
     sched.update_from_output(out := sched.schedule(0.0), StepResult({s.request_id: [7] for s in out.scheduled}), 0.0)
     assert sched.add_remote_prefilled_request(req("b0", 8, 2, tenant="b"), 7, now=1.0) is None  # no seat
-    assert sched.num_unfinished_by_tenant["b"] == 0
+    assert sched.num_unfinished_by_group["b"] == 0
     with pytest.raises(ValueError):
         sched.add_remote_prefilled_request(req("b1", 8, 2, tenant="b"), 8, now=1.0)  # all 8 tokens: too many
-    assert sched.num_unfinished_by_tenant["b"] == 0
+    assert sched.num_unfinished_by_group["b"] == 0
     sched.update_from_output(out := sched.schedule(1.0), StepResult({s.request_id: [7] for s in out.scheduled}), 1.0)
     assert sched.add_remote_prefilled_request(req("b2", 8, 2, tenant="b"), 7, now=2.0) is not None
-    assert (sched.num_unfinished_by_tenant["b"], sched.num_running_by_tenant["b"]) == (1, 1)
+    assert (sched.num_unfinished_by_group["b"], sched.num_running_by_group["b"]) == (1, 1)
     assert sched.virtual_counters["b"] == sched.virtual_counters["a"] + 1  # lifted, then charged one token
+
+
+@pytest.mark.parametrize(("cap", "rows"), [(4, [4]), (6, [4, 2]), (None, [4, 4])])
+def test_decode_batch_max_tokens_counts_draft_tokens(cap, rows):
+    """Two decoding requests carry 3 drafts each (a verify row of 1 + 3 tokens). The cap counts tokens: at
+    4 only the first row runs; at 6 the second runs with its drafts cut to 1; off, both run whole."""
+    config = EngineConfig(max_num_batched_tokens=64, decode_batch_max_tokens=cap, speculative_method="ngram",
+                          num_speculative_tokens=3, speculative_disable_by_batch_size=None)
+    sched = make_scheduler(config.for_model(512), 64)
+    for r in [req("A", 8, 20), req("B", 8, 20)]:
+        sched.add_request(r)
+    sched.update_from_output(out := sched.schedule(0.0), StepResult({s.request_id: [7] for s in out.scheduled}), 0.0)
+    sched.update_draft_token_ids({"A": [1, 2, 3], "B": [1, 2, 3]})
+    assert [s.num_scheduled_tokens for s in sched.schedule(1.0).scheduled] == rows
 
 
 # ---- knobs ----
@@ -176,6 +222,9 @@ def test_a_remote_prefilled_request_is_counted_only_once_admitted():
     (dict(scheduling_policy="fair", tenant_weights={"a": 0}), "tenant_weights"),
     (dict(scheduling_policy="fair", tenant_max_num_seqs={"a": 0}), "tenant_max_num_seqs"),
     (dict(tenant_weights={"a": 2.0}), "tenant_weights"),
+    (dict(scheduling_policy="priority", tenant_weights={"a": 2.0}), "tenant_weights"),
+    (dict(scheduling="static", tenant_max_num_seqs={"a": 2}), "tenant_max_num_seqs"),
+    (dict(tenant_max_num_seqs={"a": 0}), "tenant_max_num_seqs"),
     (dict(long_prefill_token_threshold=600), "long_prefill_token_threshold"),
     (dict(prefill_budget_tokens=128, long_prefill_token_threshold=256), "long_prefill_token_threshold"),
     (dict(prefill_budget_tokens=1024), "prefill_budget_tokens"),

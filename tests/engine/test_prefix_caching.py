@@ -8,8 +8,13 @@ one token, and the whole prompt.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import os
 import random
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +22,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ref_engine import LLM, LLMEngine, SamplingParams
+from ref_engine.kv_transfer.config import KVTransferConfig
+from ref_engine.kv_transfer.connector import KVTransferParams
 from ref_engine.model.loader import load_model
+from ref_engine.sampling_params import RequestOutputKind
 
 BS = 4
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -162,3 +170,111 @@ def test_eviction_under_memory_pressure_keeps_outputs_and_invariants(seed, num_b
         kv.check_invariants()
     assert [outputs[i].outputs[0].token_ids for i in ids] == [c.outputs[0].token_ids for c in cold]
     assert kv.block_pool.num_free_blocks == num_blocks and not kv.block_tables
+
+
+# ---- cache identity, isolation labels, invalidation under load (issue 26) ----
+
+def test_the_cache_namespace_covers_the_weights_not_only_the_name(make_tiny_hf_model, tmp_path, base):
+    """Two checkpoints named alike ("chat") with other weights never share a block hash; the same file
+    loaded twice does (as the two processes of a disaggregated pair). A file rewritten in place with other
+    weights of the same size, its modification time then set back, is hashed again, not served from the
+    digest cache."""
+    first = make_tiny_hf_model("llama", name="identity-a", seed=3)
+    other = make_tiny_hf_model("llama", name="identity-b", seed=4)
+    a = shutil.copytree(first, tmp_path / "a" / "chat")
+    b = shutil.copytree(other, tmp_path / "b" / "chat")
+
+    def hashes(path: Path) -> tuple[str, list[bytes]]:
+        engine = LLMEngine(load_model(path, dtype="float32", device="cpu"), block_size=BS)
+        request = engine.add_request("r", base[:16], GREEDY)
+        return engine.cache_namespace, engine.scheduler.kv_cache_manager.block_hashes(request)
+
+    (ns_a, hashes_a), (ns_a2, hashes_a2), (ns_b, hashes_b) = hashes(a), hashes(a), hashes(b)
+    assert ns_a == ns_a2 and hashes_a == hashes_a2
+    assert ns_a != ns_b and not set(hashes_a) & set(hashes_b)
+    weights = a / "model.safetensors"
+    before = weights.stat()
+    shutil.copyfile(other / "model.safetensors", weights)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert weights.stat().st_size == before.st_size and weights.stat().st_mtime_ns == before.st_mtime_ns
+    assert hashes(a)[0] == ns_b
+
+
+def test_the_cache_namespace_covers_dtype_and_kv_cache_dtype(loaded):
+    namespaces = {LLMEngine(loaded).cache_namespace, LLMEngine(loaded, kv_cache_dtype="bfloat16").cache_namespace}
+    namespaces.add(LLMEngine(dataclasses.replace(loaded, model=copy.deepcopy(loaded.model).to(torch.bfloat16)),
+                             ).cache_namespace)
+    assert len(namespaces) == 3
+    assert "weights=" in LLMEngine(loaded).cache_namespace
+
+
+def test_user_groups_requests_but_never_isolates_the_cache(loaded, base):
+    llm = LLM(loaded, block_size=BS)
+    llm.generate([{"prompt_token_ids": base[:32], "user": "u1"}], GREEDY, use_tqdm=False)
+    other_user = llm.generate([{"prompt_token_ids": base[:32], "user": "u2"}], GREEDY, use_tqdm=False)[0]
+    other_tenant = llm.generate([{"prompt_token_ids": base[:32], "user": "u1", "tenant": "t2"}], GREEDY,
+                                use_tqdm=False)[0]
+    assert other_user.num_cached_tokens == 31 and other_tenant.num_cached_tokens == 0
+
+
+@pytest.mark.parametrize("key", ["tenant", "user", "cache_salt", "prompt"])
+def test_text_that_is_not_unicode_is_refused_at_add_naming_its_field(key, loaded):
+    engine = LLMEngine(loaded)
+    prompt = {"prompt": "hello", key: "bad \ud800 text"}
+    with pytest.raises(ValueError, match=re.escape(f"{key}")):
+        engine.add_request("r", prompt, GREEDY)
+    assert not engine.has_unfinished_requests()
+
+
+def test_a_reset_under_load_returns_true_and_every_block_comes_back(loaded, base):
+    engine = LLMEngine(loaded, block_size=BS)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    engine.add_request("a", {"prompt_token_ids": base[:32], "tenant": "x"}, params)
+    engine.add_request("b", {"prompt_token_ids": base[:32], "tenant": "y"}, params)
+    engine.step()
+    assert engine.reset_prefix_cache(tenant="x") is True  # while both run
+    assert engine.reset_prefix_cache() is True
+    engine.add_request("c", {"prompt_token_ids": base[:32], "tenant": "x"}, params)
+    outputs = {}
+    while engine.has_unfinished_requests():
+        outputs |= {o.request_id: o for o in engine.step()}
+    assert outputs["c"].num_cached_tokens == 0  # a's blocks were in use, but out of reach
+    kv = engine.scheduler.kv_cache_manager
+    assert kv.block_pool.num_used_blocks == 0 and not kv.block_pool.dropped
+    kv.check_invariants()
+    with pytest.raises(ValueError, match="tenant"):
+        engine.reset_prefix_cache(tenant="\ud800")
+
+
+def test_a_request_whose_own_work_raises_fails_alone(loaded, base, monkeypatch):
+    """One streamed request's delta raises: it ends with finish_reason "error" and its error, the other
+    finishes normally, and the step loop goes on."""
+    engine = LLMEngine(loaded, block_size=BS)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    engine.add_request("ok", base[:8], params)
+    engine.add_request("bad", base[8:16], params)
+    broken = engine._states["bad"].detokenizer
+
+    def delta(*args, **kwargs):
+        raise RuntimeError("detokenizer broke")
+
+    monkeypatch.setattr(broken, "delta", delta)
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals |= {o.request_id: o for o in engine.step() if o.finished}
+    assert finals["bad"].outputs[0].finish_reason == "error" and "detokenizer broke" in finals["bad"].error
+    assert finals["ok"].outputs[0].finish_reason == "length" and finals["ok"].error is None
+    assert engine.scheduler.kv_cache_manager.block_pool.num_used_blocks == 0
+
+
+def test_a_kv_consumer_refuses_kv_computed_under_another_namespace(loaded, base):
+    """The producer stamps its namespace on the K/V it saves; K/V from other weights, dtypes or tokenizer
+    would decode garbage, so the consumer refuses it with a clear error and holds nothing."""
+    consumer = LLMEngine(loaded, block_size=BS, kv_transfer_config=KVTransferConfig(kv_role="kv_consumer"))
+    params = KVTransferParams("r", num_tokens=15, num_blocks=4, num_bytes=0, handle=None, saved_at=0.0,
+                              cache_namespace="another-model|weights=0")
+    with pytest.raises(ValueError, match="cache namespace"):
+        consumer.add_remote_prefilled_request("r", base[:16], GREEDY, params)
+    assert not consumer.has_unfinished_requests()
+    ours = dataclasses.replace(params, cache_namespace=consumer.cache_namespace)
+    assert consumer.add_remote_prefilled_request("r", base[:16], GREEDY, ours) is not None

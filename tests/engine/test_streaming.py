@@ -106,4 +106,4 @@ def test_the_prefix_cache_key_names_the_tokenizer(loaded, tiny):
     other.backend.add_tokens(["<extra>"])
     assert tokenizer.fingerprint == Tokenizer.from_hf_folder(tiny).fingerprint != other.fingerprint
     engine = LLMEngine(loaded, **SMALL_POOL)
-    assert engine.scheduler.kv_cache_manager.cache_namespace == f"{loaded.model_id}:{tokenizer.fingerprint}"
+    assert f"tokenizer={tokenizer.fingerprint}" in engine.scheduler.kv_cache_manager.cache_namespace

@@ -27,7 +27,7 @@ FEW = settings(max_examples=150, deadline=None, derandomize=True)
 
 def _engine_order(requests, weights):
     counters: dict[str, float] = {t: 0.0 for t, _ in requests}
-    queue = FairRequestQueue(counters, Counter(), {})
+    queue = FairRequestQueue(counters, Counter())
     for i, (tenant, _) in enumerate(requests):
         queue.add_request(Request(str(i), [1], max_tokens=1, arrival_time=float(i), tenant=tenant))
     order = []
