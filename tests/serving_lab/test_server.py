@@ -7,7 +7,6 @@ with `min_p=POISON_MIN_P` (tests/engine_core_faults.py), to show one failing req
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import re
 import socket
@@ -21,7 +20,7 @@ import uvicorn
 import yaml
 from engine_core_faults import POISON_MIN_P, PoisonedEngineArgs
 
-from ref_engine import LLM, LLMEngine, SamplingParams
+from ref_engine import LLM, SamplingParams
 from ref_engine.async_engine.async_llm import AsyncLLM
 from ref_engine.entrypoints.openai.api_server import build_app
 from ref_engine.entrypoints.openai.tenants import ApiKey
@@ -506,8 +505,6 @@ def test_only_an_admin_key_resets_another_tenants_prefix_cache(url):
     assert_error(post(url, "/reset_prefix_cache", {}, key="key-nobody"), 401)
 
 
-@pytest.mark.xfail("tenant" not in inspect.signature(LLMEngine.reset_prefix_cache).parameters, strict=True,
-                   reason="LLMEngine.reset_prefix_cache(tenant) comes with the engine core's change")
 def test_a_tenant_reset_forgets_that_tenants_blocks_only(url):
     prompt = "a prompt both tenants cache " * 4
 
