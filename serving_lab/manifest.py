@@ -150,7 +150,8 @@ class SchedulerSection(_Section):
     # same without chunking (a prompt runs whole in one step: lesson 3's baseline); static: lesson 1's baseline
     type: Literal["chunked_prefill", "continuous", "static"]
     prefill_budget_tokens: PositiveInt | None  # most prefill tokens in one step (None: no separate cap)
-    # most decode tokens in one step: a decode row is 1 token, 1 + k with k speculative drafts (None: no cap)
+    # most decode tokens in one step: a decode row is 1 token, 1 + k with k speculative drafts (None: no cap
+    # beyond max_num_seqs rows)
     decode_batch_max_tokens: PositiveInt | None
 
 
