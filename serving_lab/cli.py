@@ -132,15 +132,16 @@ SERVE_KNOBS = ("model", "served_model_name", "max_model_len", "max_num_seqs", "d
 
 def _add_override_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
     """The flags that override a manifest's keys (but those whose dest is in `skip`, which the parser has
-    already); each value is read as YAML, as the file's would be."""
+    already); each value is read as YAML, as the file's would be, but a model's name (`TEXT_OVERRIDES`)."""
     import yaml
 
-    from serving_lab.manifest import OVERRIDE_FLAGS
+    from serving_lab.manifest import OVERRIDE_FLAGS, TEXT_OVERRIDES
 
     group = parser.add_argument_group("manifest overrides (a flag wins over the file)")
     for flag, key in OVERRIDE_FLAGS.items():
         if flag.removeprefix("--").replace("-", "_") not in skip:
-            group.add_argument(flag, type=yaml.safe_load, default=argparse.SUPPRESS, metavar="VALUE", help=key)
+            group.add_argument(flag, type=str if key in TEXT_OVERRIDES else yaml.safe_load,
+                               default=argparse.SUPPRESS, metavar="VALUE", help=key)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -291,7 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ref_engine.entrypoints.openai.cli_args import add_serve_args
 
     add_serve_args(p)
-    _add_override_flags(p, skip=SERVE_KNOBS)
+    # --model too (vLLM's `vllm serve` takes both), beside the positional MODEL: the flag the manifest's
+    # engine.model override is named by
+    _add_override_flags(p, skip=tuple(knob for knob in SERVE_KNOBS if knob != "model"))
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("bench", help="benchmarks: `bench serve` loads an OpenAI-compatible server")

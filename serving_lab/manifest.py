@@ -264,11 +264,6 @@ class Manifest(_Section):
             problems.append(f"engine.tensor_parallel_size: the reference engine runs on one device; allowed: 1, "
                             f"got {engine.tensor_parallel_size}; override with --tensor-parallel-size 1 "
                             "(`serving-lab simulate` prices larger degrees)")
-        if (spec is not None and spec.draft_model != NGRAM_DRAFT and not spec.draft_model.startswith("self:")
-                and not _found_locally(spec.draft_model)):
-            problems.append(f"optional.speculative_decoding.draft_model: {spec.draft_model!r} is no model on this "
-                            "machine; override with --speculative-model PATH, 'self:L' (the model's first L "
-                            "layers) or '[ngram]', or serve without speculation: --speculative-decoding null")
         max_model_len = self.api.request_limits.max_model_len
         context_of = engine.model if model_found else DEFAULT_MODEL
         context = simulated_arch(context_of, "engine.model").max_position_embeddings
@@ -277,6 +272,11 @@ class Manifest(_Section):
             problems.append(f"api.request_limits.max_model_len: max_model_len ({max_model_len}) exceeds the "
                             f"model's max_position_embeddings ({context}{whose}); override with "
                             f"--max-model-len {context} or less")
+        if (spec is not None and spec.draft_model != NGRAM_DRAFT and not spec.draft_model.startswith("self:")
+                and not _found_locally(spec.draft_model)):
+            problems.append(f"optional.speculative_decoding.draft_model: {spec.draft_model!r} is no model on this "
+                            "machine; override with --speculative-model PATH, 'self:L' (the model's first L "
+                            "layers) or '[ngram]', or serve without speculation: --speculative-decoding null")
         if len(problems) == 1:
             raise ManifestError(problems[0])
         if problems:
@@ -425,6 +425,8 @@ OVERRIDE_FLAGS = {
     "--speculative-model": "optional.speculative_decoding.draft_model",  # vLLM's flag before --speculative-config
     "--speculative-decoding": "optional.speculative_decoding",  # null: no speculation
 }
+# Overrides taken as written rather than read as YAML: a model is a name or a path, and "[ngram]" is no list.
+TEXT_OVERRIDES = ("engine.model", "optional.speculative_decoding.draft_model")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
