@@ -14,6 +14,7 @@ from ref_engine.core.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS
 
 if TYPE_CHECKING:
     from ref_engine.core.config import EngineConfig
+    from ref_engine.core.metrics import RunMetrics
 
 
 def _pull(args: argparse.Namespace) -> None:
@@ -24,16 +25,36 @@ def _pull(args: argparse.Namespace) -> None:
 
 
 def _generate(args: argparse.Namespace) -> None:
+    """Generate for each prompt, with a progress bar over the tokens; a prompt whose `--max-tokens` cannot fit
+    the model's context is refused before anything runs (the engine would cut it short)."""
+    from tqdm import tqdm
+
     from ref_engine import LLM, SamplingParams
+    from ref_engine.sampling_params import RequestOutputKind
 
     llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
               enforce_eager=args.enforce_eager)
-    tokenizer = llm.get_tokenizer()
+    engine, tokenizer = llm.llm_engine, llm.get_tokenizer()
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat else p
                for p in args.prompts]
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-    for prompt, out in zip(args.prompts, llm.generate(prompts, params, use_tqdm=False)):
-        print(f"### {prompt}\n{out.outputs[0].text}\n")
+    context = engine.config.max_model_len
+    for text, prompt in zip(args.prompts, prompts):
+        room = context - len(tokenizer.encode(prompt))
+        if args.max_tokens > room:
+            raise ValueError(f"--max-tokens {args.max_tokens}: the model's context is {context} tokens and the prompt "
+                             f"{text[:40]!r} takes {context - room}, so at most {max(room, 0)} tokens can follow it")
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+                            output_kind=RequestOutputKind.DELTA)
+    texts = {str(i): "" for i in range(len(prompts))}
+    for request_id, prompt in zip(texts, prompts):
+        engine.add_request(request_id, prompt, params)
+    with tqdm(total=len(prompts) * args.max_tokens, desc="generate", unit="tok", leave=False) as bar:
+        while engine.has_unfinished_requests():
+            for delta in engine.step():
+                texts[delta.request_id] += delta.outputs[0].text
+                bar.update(len(delta.outputs[0].token_ids))
+    for prompt, text in zip(args.prompts, texts.values()):
+        print(f"### {prompt}\n{text}\n")
 
 
 def _serve(args: argparse.Namespace) -> None:
@@ -44,13 +65,15 @@ def _serve(args: argparse.Namespace) -> None:
 
 def serve_config(args: argparse.Namespace) -> EngineConfig | None:
     """`serve --config MANIFEST`: read the manifest with the given flags written over its keys, put its
-    model, served name, numerics and `api.stream` (`allow_streaming`) into `args`, and return its engine config,
-    checked against the model's context
-    length so that a bad value stops here, named by its key, rather than in the engine-core process.
+    model, served name, numerics, `api.stream` (`allow_streaming`) and `tenants:` (`tenants`, a
+    `TenantPolicy` per tenant, None without the section) into `args`, and return its engine config, checked
+    against this machine (`Manifest.llm_kwargs`: one line per key it cannot run, with the flag that
+    overrides it) so that a bad value stops here rather than in the engine-core process.
     Without `--config`, the flags that only override a manifest are refused; returns None."""
     from serving_lab.manifest import OVERRIDE_FLAGS, load_manifest, naming_keys, simulated_arch
 
     overrides = _overrides(args)
+    args.tenants = None
     if args.config is None:
         manifest_only = [flag for flag, key in OVERRIDE_FLAGS.items()
                          if key in overrides and flag.removeprefix("--").replace("-", "_") not in SERVE_KNOBS]
@@ -65,7 +88,8 @@ def serve_config(args: argparse.Namespace) -> EngineConfig | None:
     args.model, args.served_model_name = engine["model"], manifest.engine.served_model_name
     args.dtype, args.quantization = engine["dtype"], engine["quantization"]
     args.kv_cache_dtype, args.enforce_eager = engine["kv_cache_dtype"], engine["enforce_eager"]
-    args.allow_streaming = manifest.api.stream
+    args.allow_streaming = manifest.api.streaming
+    args.tenants = manifest.tenant_policies() or None
     with naming_keys():
         return engine["config"].for_model(simulated_arch(manifest.engine.model, "engine.model")
                                           .max_position_embeddings)
@@ -108,15 +132,16 @@ SERVE_KNOBS = ("model", "served_model_name", "max_model_len", "max_num_seqs", "d
 
 def _add_override_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
     """The flags that override a manifest's keys (but those whose dest is in `skip`, which the parser has
-    already); each value is read as YAML, as the file's would be."""
+    already); each value is read as YAML, as the file's would be, but a model's name (`TEXT_OVERRIDES`)."""
     import yaml
 
-    from serving_lab.manifest import OVERRIDE_FLAGS
+    from serving_lab.manifest import OVERRIDE_FLAGS, TEXT_OVERRIDES
 
     group = parser.add_argument_group("manifest overrides (a flag wins over the file)")
     for flag, key in OVERRIDE_FLAGS.items():
         if flag.removeprefix("--").replace("-", "_") not in skip:
-            group.add_argument(flag, type=yaml.safe_load, default=argparse.SUPPRESS, metavar="VALUE", help=key)
+            group.add_argument(flag, type=str if key in TEXT_OVERRIDES else yaml.safe_load,
+                               default=argparse.SUPPRESS, metavar="VALUE", help=key)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -136,7 +161,7 @@ def _manifest(args: argparse.Namespace) -> None:
 
 def _simulate(args: argparse.Namespace) -> None:
     from serving_lab.manifest import MANIFEST_METRICS, load_manifest, naming_keys
-    from serving_lab.workload_spec import parse_workload
+    from serving_lab.workload_spec import check_prompt_lengths, parse_workload
     from sim.simulator import Simulator, resolve_hardware
     from sim.spec_decode import AcceptanceRate
 
@@ -144,23 +169,57 @@ def _simulate(args: argparse.Namespace) -> None:
     workload = parse_workload(args.workload)
     hardware = resolve_hardware(args.hardware)
     speculating = manifest.optional.speculative_decoding is not None
-    if speculating != (args.acceptance_rate is not None):
-        raise ValueError("--acceptance-rate A (the share of draft tokens accepted) goes with "
-                         "optional.speculative_decoding, and the simulator needs it there; got "
-                         f"speculative_decoding={'set' if speculating else 'null'} and "
-                         f"--acceptance-rate={args.acceptance_rate}")
-    acceptance = AcceptanceRate((args.acceptance_rate,)) if speculating else None
+    if args.acceptance_rate is not None and not speculating:
+        raise ValueError(f"--acceptance-rate {args.acceptance_rate}: prices optional.speculative_decoding, which "
+                         "this manifest leaves null")
+    # The manifest holds no acceptance rate: without one the drafts cannot be priced, so the run leaves them out
+    # and says so, rather than inventing a rate.
+    priced = args.acceptance_rate is not None
+    acceptance = AcceptanceRate((args.acceptance_rate,)) if priced else None
     with naming_keys():
-        simulator = Simulator(hardware=hardware, acceptance=acceptance, **manifest.simulator_kwargs())
+        simulator = Simulator(hardware=hardware, acceptance=acceptance, **manifest.simulator_kwargs(priced))
+        check_prompt_lengths(workload, simulator.config.max_model_len)
         run = simulator.run(workload)
     print(f"{manifest.service}: {simulator.arch.name} on {hardware.name} "
           f"(tensor_parallel_size={simulator.tensor_parallel_size}), workload {args.workload}")
+    if speculating and not priced:
+        print("  optional.speculative_decoding: not priced (no acceptance rate; give --acceptance-rate A, and "
+              "--speculative-model NAME if the simulator does not know the draft)")
     print(f"  {run.completed} completed, {run.failed} failed in {run.duration:.3f} s simulated "
           f"({run.request_throughput:.2f} requests/s)")
     width = max(map(len, manifest.metrics))
     for name in manifest.metrics:
         metric = MANIFEST_METRICS[name]
         print(f"  {name:<{width}}  {metric.report(run)}  [{metric.vllm_series}]")
+    if any(request.tenant is not None for request in workload.requests):
+        print("\n".join(_tenant_lines(run, simulator.config, manifest.api.admission.fairness)))
+    if run.failed:
+        raise ValueError(f"{run.failed} of {len(workload)} requests failed in the simulator")
+
+
+def _tenant_lines(run: RunMetrics, config: EngineConfig, fairness: str) -> list[str]:
+    """Per tenant: its requests, its share of the service while every tenant still had work (the window
+    `RunMetrics.jain_fairness` judges), its weight's share under fair scheduling, and its TTFT."""
+    from ref_engine.core.request import DEFAULT_TENANT
+
+    fair = config.scheduling_policy == "fair"
+    weights = dict(config.tenant_weights or ()) if fair else {}
+    until = min(stats.last_finish_time for stats in run.per_tenant.values())
+    service = dict.fromkeys(run.per_tenant, 0)
+    for row in run.requests:
+        tenant = DEFAULT_TENANT if row.tenant is None else row.tenant
+        if tenant in service:
+            service[tenant] += row.tokens_served_by(until)
+    total_service = sum(service.values()) or 1
+    total_weight = sum(weights.get(tenant, 1.0) for tenant in service)
+    lines = [f"  per tenant (api.admission.fairness: {fairness}; Jain's index {run.jain_fairness(weights):.3f}):",
+             f"    {'tenant':<12} {'requests':>8} {'service share':>13} {'weight share':>12} "
+             f"{'mean TTFT ms':>12} {'p99 TTFT ms':>11}"]
+    for tenant, stats in sorted(run.per_tenant.items()):
+        weight = f"{weights.get(tenant, 1.0) / total_weight:.1%}" if fair else "-"
+        lines.append(f"    {tenant:<12} {stats.requests:>8} {service[tenant] / total_service:>13.1%} {weight:>12} "
+                     f"{stats.mean_ttft_ms:>12.1f} {stats.p99_ttft_ms:>11.1f}")
+    return lines
 
 
 def _sweep(args: argparse.Namespace) -> None:
@@ -233,7 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ref_engine.entrypoints.openai.cli_args import add_serve_args
 
     add_serve_args(p)
-    _add_override_flags(p, skip=SERVE_KNOBS)
+    # --model too (vLLM's `vllm serve` takes both), beside the positional MODEL: the flag the manifest's
+    # engine.model override is named by
+    _add_override_flags(p, skip=tuple(knob for knob in SERVE_KNOBS if knob != "model"))
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("bench", help="benchmarks: `bench serve` loads an OpenAI-compatible server")
@@ -281,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", default=None, help="a hardware profile: h100-sxm, a100-80gb-sxm, h200, l40s, b200, "
                    "local-cpu or a calibrated one (default: this machine's calibration, else local-cpu)")
     p.add_argument("--acceptance-rate", type=float, default=None,
-                   help="with speculative decoding: the chance each draft token is accepted")
+                   help="with speculative decoding: the chance each draft token is accepted (without it the "
+                   "drafts are left out of the price, and the output says so)")
     _add_override_flags(p)
     p.set_defaults(func=_simulate)
 
@@ -318,13 +380,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run one command; an error the user can fix (a bad manifest, flag or file) is one line and exit 2."""
+    """Run one command; an error the user can fix (a bad manifest, flag or file) is one message and exit 2;
+    Ctrl-C stops it with one line and exit 130 (the shell's status for SIGINT), no traceback."""
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
     except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"serving-lab: error: {error}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("\nserving-lab: interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

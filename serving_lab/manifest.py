@@ -12,10 +12,20 @@ coerce nothing (`strict`), so `max_num_seqs: "32"` or `stream: yes please` fail 
 the library reaches the user. Command-line flags (`OVERRIDE_FLAGS`) are written into the file's keys
 before validation, so an overridden value is checked, and named, exactly like one from the file.
 
-Two kinds of error come later than parsing, because they depend on where the manifest runs:
-`tensor_parallel_size > 1` is honoured by the simulator (which prices the all-reduces on a hardware
-profile) but not by the one-device engine (`llm_kwargs`), and a model name the simulator knows only by
-its dimensions (`llama-3.1-8b`) is no file the engine could load.
+The client's words are the contract: every value of the client's own manifest is accepted as written
+(`framework: vLLM`, `protocol: openai_compatible_http`, `stream: incremental_tokens`, `block_table:
+per_sequence`, `scheduler.type: chunked_prefill`); where the project offers more (`continuous` without
+chunking and `static`, lesson 3's baselines; `whole_response` to turn streaming off; the older `openai`,
+`paged`, booleans), those are extra names beside the client's, never replacements.
+
+Some errors come later than parsing, because they depend on where the manifest runs: the one-device engine
+(`llm_kwargs`) cannot run `tensor_parallel_size > 1`, a model that is not on this machine, or a context
+beyond the model's, and says so in one line per key with the flag that overrides it; the simulator
+(`simulator_kwargs`) prices any degree but only a model whose dimensions it knows (a `KNOWN_MODELS` name, a
+checkpoint, or a `config.json`). Nothing is silently substituted.
+
+The optional `tenants:` section gives each tenant a `TenantPolicy` (weight, running cap, pending cap, token
+budget): the weights and running caps go into the `EngineConfig`, the rest to the server's admission control.
 
 Lesson: lessons/03-chunked-prefill-and-disaggregation.md#budget-knobs (the manifest's prefill and decode
 budgets, and their vLLM counterparts).
@@ -23,18 +33,21 @@ budgets, and their vLLM counterparts).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import RunMetrics
+from ref_engine.entrypoints.openai.tenants import TenantPolicy
 from ref_engine.model.arch_config import DEFAULT_MODEL_NAME, KNOWN_MODELS, ArchConfig
 
 # The engine's default model (a Q4_1 GGUF of these weights, ref_engine/model/store.py), under the name
@@ -49,6 +62,7 @@ class ManifestError(ValueError):
 
 
 PositiveInt = Annotated[int, Field(ge=1)]
+PositiveFloat = Annotated[float, Field(gt=0)]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 MetricName = Literal["time_to_first_token", "inter_token_latency", "output_tokens_per_second",
                      "time_to_decode_per_output_token", "preempted_sequences", "kv_cache_utilization"]
@@ -58,8 +72,32 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+def _not_one_of(expected: str) -> PydanticCustomError:
+    """The error a `Literal` gives, for a value checked by hand: `_describe` words both alike."""
+    return PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+
+
+def _framework(value: Any) -> str:
+    """`vLLM`, `vllm` or any other case, kept as written (the client's spelling)."""
+    if isinstance(value, str) and value.lower() == "vllm":
+        return value
+    raise _not_one_of("'vllm' in any case (vLLM, vllm)")
+
+
+STREAM_ON, STREAM_OFF = "incremental_tokens", "whole_response"
+
+
+def _stream(value: Any) -> str | bool:
+    """`incremental_tokens` (the client's name: stream each step's new tokens), `whole_response` (streaming
+    off: one JSON body), or a boolean."""
+    if isinstance(value, bool) or value in (STREAM_ON, STREAM_OFF):
+        return value
+    raise _not_one_of(f"{STREAM_ON!r}, {STREAM_OFF!r}, true or false")
+
+
 class EngineSection(_Section):
-    framework: Literal["vllm"]  # the serving framework the manifest is written for (ours mirrors it)
+    # the serving framework the manifest is written for (ours mirrors it), in any case
+    framework: Annotated[str, PlainValidator(_framework)]
     model: NonEmptyStr  # DEFAULT_MODEL, a GGUF file, a Hugging Face folder, or (simulator) a KNOWN_MODELS name
     tensor_parallel_size: PositiveInt
     trust_remote_code: bool  # vLLM's flag; our engine runs no model code from a repository either way
@@ -86,24 +124,35 @@ class Admission(_Section):
 
 
 class ApiSection(_Section):
-    protocol: Literal["openai"]
-    stream: bool
+    protocol: Literal["openai_compatible_http", "openai"]  # the OpenAI-compatible HTTP API ("openai": extra name)
+    stream: Annotated[str | bool, PlainValidator(_stream)]  # incremental_tokens / true: deltas as they come
     request_limits: RequestLimits
     admission: Admission
+
+    @property
+    def streaming(self) -> bool:
+        """Whether `"stream": true` requests are served (`serve` answers them with a 400 when not)."""
+        return self.stream is True or self.stream == STREAM_ON
 
 
 class CacheSection(_Section):
     block_size_tokens: PositiveInt
-    block_table: Literal["paged"]  # a per-request table of fixed-size blocks: the only layout the engine has
+    # per_sequence: each sequence's table of fixed-size blocks (PagedAttention; "paged": extra name), the only
+    # layout the engine has
+    block_table: Literal["per_sequence", "paged"]
     # "on_demand": a block when tokens need one (paged, as vLLM); the two reservations are lesson 2's
     # pre-vLLM baselines: max_model_len tokens up front, or exactly prompt + max_tokens (an oracle)
     allocation: Literal["on_demand", "reserve_max_model_len", "reserve_exact"]
 
 
 class SchedulerSection(_Section):
-    type: Literal["continuous", "static"]
+    # chunked_prefill: continuous batching, long prompts cut into chunks under the budgets; continuous: the
+    # same without chunking (a prompt runs whole in one step: lesson 3's baseline); static: lesson 1's baseline
+    type: Literal["chunked_prefill", "continuous", "static"]
     prefill_budget_tokens: PositiveInt | None  # most prefill tokens in one step (None: no separate cap)
-    decode_batch_max_tokens: PositiveInt | None  # most decode rows in one step (None: max_num_seqs)
+    # most decode tokens in one step: a decode row is 1 token, 1 + k with k speculative drafts (None: no cap
+    # beyond max_num_seqs rows)
+    decode_batch_max_tokens: PositiveInt | None
 
 
 class SpeculativeDecoding(_Section):
@@ -113,6 +162,16 @@ class SpeculativeDecoding(_Section):
 
 class OptionalSection(_Section):
     speculative_decoding: SpeculativeDecoding | None = None
+
+
+class TenantSection(_Section):
+    """One tenant's share and limits, `TenantPolicy`'s fields (None: no limit of that kind)."""
+
+    weight: PositiveFloat = 1.0  # its share under fairness: per_tenant_budgets
+    max_num_seqs: PositiveInt | None = None  # most of its requests running at once (the engine's scheduler)
+    max_pending_requests: PositiveInt | None = None  # most of its requests open in the server (429 past it)
+    token_budget: PositiveInt | None = None  # prompt + max_tokens per window (429 with Retry-After past it)
+    budget_window_s: PositiveFloat = 60.0  # the window token_budget counts over
 
 
 class Manifest(_Section):
@@ -125,6 +184,7 @@ class Manifest(_Section):
     scheduler: SchedulerSection
     optional: OptionalSection = OptionalSection()
     metrics: list[MetricName] = Field(min_length=1)
+    tenants: dict[NonEmptyStr, TenantSection] | None = None  # tenant name -> its policy (optional)
 
     @field_validator("metrics")
     @classmethod
@@ -135,9 +195,11 @@ class Manifest(_Section):
         return names
 
     def engine_config(self) -> EngineConfig:
-        """The knobs both sides run. The step's token budget (`max_num_batched_tokens`, which the
-        manifest does not name) is the prefill budget plus the decode budget, so both fit in one step."""
+        """The knobs both sides run. The step's token budget (`max_num_batched_tokens`, which the manifest
+        does not name) is the prefill budget plus the decode budget, so both fit in one step; without
+        chunking (`scheduler.type: continuous`) the prefill budget is a whole prompt, `max_model_len`."""
         scheduler, limits = self.scheduler, self.api.request_limits
+        scheduling, chunked = _SCHEDULER_TYPES[scheduler.type]
         knobs: dict[str, Any] = dict(
             block_size=self.cache.block_size_tokens,
             kv_allocation=_KV_ALLOCATION[self.cache.allocation],
@@ -145,11 +207,24 @@ class Manifest(_Section):
             max_model_len=limits.max_model_len,
             preemption_mode=self.api.admission.preempt,
             scheduling_policy=_SCHEDULING_POLICY[self.api.admission.fairness],
-            scheduling=scheduler.type,
+            scheduling=scheduling,
+            enable_chunked_prefill=chunked,
             prefill_budget_tokens=scheduler.prefill_budget_tokens,
             decode_batch_max_tokens=scheduler.decode_batch_max_tokens,
         )
-        if scheduler.prefill_budget_tokens is not None:
+        if scheduler.type == "continuous":
+            if scheduler.prefill_budget_tokens is not None:
+                raise ManifestError(
+                    f"scheduler.prefill_budget_tokens: {scheduler.prefill_budget_tokens} cuts prompts into chunks, "
+                    "and scheduler.type: continuous runs each prompt whole; use chunked_prefill, or null here")
+            if limits.max_model_len is None:
+                raise ManifestError(
+                    "api.request_limits.max_model_len: scheduler.type: continuous runs each prompt whole in one "
+                    "step, so the step's budget is max_model_len tokens; give it (null leaves it to the model), "
+                    "or use chunked_prefill")
+            knobs["max_num_batched_tokens"] = step_token_budget(
+                limits.max_model_len, scheduler.decode_batch_max_tokens, limits.max_num_seqs)
+        elif scheduler.prefill_budget_tokens is not None:
             knobs["max_num_batched_tokens"] = step_token_budget(
                 scheduler.prefill_budget_tokens, scheduler.decode_batch_max_tokens, limits.max_num_seqs)
         spec = self.optional.speculative_decoding
@@ -159,27 +234,57 @@ class Manifest(_Section):
                 knobs["speculative_method"] = "ngram"
             else:
                 knobs.update(speculative_method="draft_model", speculative_model=spec.draft_model)
+        policies = self.tenant_policies()
+        if policies and self.api.admission.fairness == "per_tenant_budgets":
+            knobs["tenant_weights"] = {tenant: policy.weight for tenant, policy in policies.items()}
+        caps = {tenant: policy.max_num_seqs for tenant, policy in policies.items() if policy.max_num_seqs}
+        if caps:
+            knobs["tenant_max_num_seqs"] = caps
         with naming_keys():
             return EngineConfig(**knobs)
 
+    def tenant_policies(self) -> dict[str, TenantPolicy]:
+        """The `tenants:` section as the server's `TenantPolicy` per tenant (empty without the section)."""
+        return {tenant: TenantPolicy(**section.model_dump()) for tenant, section in (self.tenants or {}).items()}
+
     def llm_kwargs(self) -> dict[str, Any]:
-        """`LLM(**manifest.llm_kwargs())`: the engine's model (None: the default), numerics and config, after
-        the checks only the one-device engine needs."""
-        if self.engine.quantization is not None and self.engine.dtype not in (None, "float32"):
-            raise ManifestError(f"engine.quantization: {self.engine.quantization} computes in float32 around its "
-                                f"int8 products; engine.dtype must be float32 or null, got {self.engine.dtype!r}")
-        if self.engine.tensor_parallel_size != 1:
-            raise ManifestError(
-                f"engine.tensor_parallel_size: the reference engine runs on one device; allowed: 1, got "
-                f"{self.engine.tensor_parallel_size} (`serving-lab simulate` prices larger degrees)")
-        model = self.engine.model
-        if model != DEFAULT_MODEL and not Path(model).exists():
-            raise ManifestError(f"engine.model: the engine loads {DEFAULT_MODEL!r}, a GGUF file or a Hugging "
-                                f"Face folder; {model!r} is none of them")
-        return {"model": None if model == DEFAULT_MODEL else model, "config": self.engine_config(),
-                "dtype": self.engine.dtype or "float32", "quantization": self.engine.quantization,
-                "kv_cache_dtype": self.engine.kv_cache_dtype or "auto",
-                "enforce_eager": self.engine.enforce_eager is not False}
+        """`LLM(**manifest.llm_kwargs())`: the engine's model (None: the default), numerics and config. Every
+        key this one-device engine cannot run here is one line of the `ManifestError`, with its override."""
+        engine, spec = self.engine, self.optional.speculative_decoding
+        problems = []
+        if engine.quantization is not None and engine.dtype not in (None, "float32"):
+            problems.append(f"engine.quantization: {engine.quantization} computes in float32 around its int8 "
+                            f"products; engine.dtype must be float32 or null, got {engine.dtype!r}")
+        model_found = _found_locally(engine.model)
+        if not model_found:
+            problems.append(f"engine.model: the engine loads {DEFAULT_MODEL!r}, a GGUF file or a Hugging Face "
+                            f"folder; {engine.model!r} is none of them on this machine; override with --model "
+                            f"PATH or --model {DEFAULT_MODEL}")
+        if engine.tensor_parallel_size != 1:
+            problems.append(f"engine.tensor_parallel_size: the reference engine runs on one device; allowed: 1, "
+                            f"got {engine.tensor_parallel_size}; override with --tensor-parallel-size 1 "
+                            "(`serving-lab simulate` prices larger degrees)")
+        max_model_len = self.api.request_limits.max_model_len
+        context_of = engine.model if model_found else DEFAULT_MODEL
+        context = simulated_arch(context_of, "engine.model").max_position_embeddings
+        if max_model_len is not None and max_model_len > context:
+            whose = "" if model_found else f", {DEFAULT_MODEL}'s: engine.model is not here"
+            problems.append(f"api.request_limits.max_model_len: max_model_len ({max_model_len}) exceeds the "
+                            f"model's max_position_embeddings ({context}{whose}); override with "
+                            f"--max-model-len {context} or less")
+        if (spec is not None and spec.draft_model != NGRAM_DRAFT and not spec.draft_model.startswith("self:")
+                and not _found_locally(spec.draft_model)):
+            problems.append(f"optional.speculative_decoding.draft_model: {spec.draft_model!r} is no model on this "
+                            "machine; override with --speculative-model PATH, 'self:L' (the model's first L "
+                            "layers) or '[ngram]', or serve without speculation: --speculative-decoding null")
+        if len(problems) == 1:
+            raise ManifestError(problems[0])
+        if problems:
+            raise ManifestError(f"{len(problems)} keys the engine cannot run on this machine:\n  "
+                                + "\n  ".join(problems))
+        return {"model": None if engine.model == DEFAULT_MODEL else engine.model, "config": self.engine_config(),
+                "dtype": engine.dtype or "float32", "quantization": engine.quantization,
+                "kv_cache_dtype": engine.kv_cache_dtype or "auto", "enforce_eager": engine.enforce_eager is not False}
 
     def measured_llm_kwargs(self) -> dict[str, Any]:
         """`llm_kwargs` for the sweep's and the report's measured runs, whose runner (ref_engine/bench.py)
@@ -195,18 +300,22 @@ class Manifest(_Section):
                                 "or null; `serving-lab serve` compiles it)")
         return kwargs
 
-    def simulator_kwargs(self) -> dict[str, Any]:
+    def simulator_kwargs(self, speculation: bool = True) -> dict[str, Any]:
         """`Simulator(hardware=..., **manifest.simulator_kwargs())`: the priced model (known names too),
         the config, the tensor-parallel degree, a draft model's dimensions, and the dtype the linear layers
         run in when the manifest names one (int8 under `engine.quantization`; None: the simulator's choice,
-        a calibrated profile's own dtype or bfloat16), which the hardware profile must know how to price."""
-        kwargs: dict[str, Any] = dict(model=simulated_arch(self.engine.model, "engine.model"),
-                                      config=self.engine_config(),
+        a calibrated profile's own dtype or bfloat16), which the hardware profile must know how to price.
+        `speculation=False` prices the deployment without its speculative decoding (`simulate` does so, and
+        says so, when it has no acceptance rate to price the drafts with)."""
+        config = self.engine_config()
+        spec = self.optional.speculative_decoding if speculation else None
+        if not speculation:
+            config = config.replace(speculative_method=None, speculative_model=None)
+        kwargs: dict[str, Any] = dict(model=simulated_arch(self.engine.model, "engine.model"), config=config,
                                       tensor_parallel_size=self.engine.tensor_parallel_size,
                                       dtype=self.engine.quantization or self.engine.dtype)
         if self.engine.kv_cache_dtype not in (None, "auto"):
             kwargs["kv_cache_dtype"] = self.engine.kv_cache_dtype
-        spec = self.optional.speculative_decoding
         if spec is not None and spec.draft_model != NGRAM_DRAFT and not spec.draft_model.startswith("self:"):
             kwargs["draft_arch"] = simulated_arch(spec.draft_model, "optional.speculative_decoding.draft_model")
         return kwargs
@@ -218,8 +327,16 @@ def step_token_budget(prefill_budget_tokens: int, decode_batch_max_tokens: int |
     return prefill_budget_tokens + (decode_batch_max_tokens or max_num_seqs)
 
 
+def _found_locally(model: str) -> bool:
+    """Whether the engine can load `model` here: the default model (the cache fetches it) or a path."""
+    return model == DEFAULT_MODEL or Path(model).exists()
+
+
 _KV_ALLOCATION = {"on_demand": "paged", "reserve_max_model_len": "contiguous", "reserve_exact": "contiguous_exact"}
 _SCHEDULING_POLICY = {"none": "fcfs", "per_tenant_budgets": "fair"}
+# scheduler.type -> (EngineConfig.scheduling, enable_chunked_prefill)
+_SCHEDULER_TYPES = {"chunked_prefill": ("continuous", True), "continuous": ("continuous", False),
+                    "static": ("static", True)}
 
 # EngineConfig knob -> the manifest key that sets it, to name the key when EngineConfig refuses a value.
 KNOB_KEYS = {
@@ -230,12 +347,15 @@ KNOB_KEYS = {
     "preemption_mode": "api.admission.preempt",
     "scheduling_policy": "api.admission.fairness",
     "scheduling": "scheduler.type",
+    "enable_chunked_prefill": "scheduler.type",
     "prefill_budget_tokens": "scheduler.prefill_budget_tokens",
     "max_num_batched_tokens": "scheduler.prefill_budget_tokens",
     "decode_batch_max_tokens": "scheduler.decode_batch_max_tokens",
     "speculative_method": "optional.speculative_decoding.draft_model",
     "speculative_model": "optional.speculative_decoding.draft_model",
     "num_speculative_tokens": "optional.speculative_decoding.speculative_tokens",
+    "tenant_weights": "tenants",
+    "tenant_max_num_seqs": "tenants",
 }
 
 
@@ -259,19 +379,27 @@ def naming_keys() -> Iterator[None]:
 
 def simulated_arch(model: str, key: str) -> ArchConfig:
     """The dimensions the simulator prices for a manifest's model: the default model, a `KNOWN_MODELS`
-    name, or a checkpoint path (read without its weights)."""
+    name, a model's `config.json`, or a checkpoint path (read without its weights)."""
     if model == DEFAULT_MODEL:
         return ArchConfig.named(DEFAULT_MODEL_NAME)
     if model.lower() in KNOWN_MODELS:
         return ArchConfig.named(model)
-    if Path(model).exists():
-        from ref_engine.model.loader import read_arch  # imports torch: only for a path
+    path = Path(model)
+    if path.is_file() and path.suffix == ".json":  # a Hugging Face config.json alone: no weights needed
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+            return ArchConfig.from_hf_config(config, name=path.parent.name or path.stem)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ManifestError(f"{key}: {model} is no model's config.json the simulator can read ({error})") from None
+    if path.exists():
+        from ref_engine.model.loader import read_arch  # imports torch: only for a checkpoint
 
         with naming_keys():
             return read_arch(model)
-    raise ManifestError(f"{key}: the simulator prices {DEFAULT_MODEL!r}, a known model "
-                        f"({', '.join(sorted(KNOWN_MODELS))}) or a GGUF file or Hugging Face folder; "
-                        f"{model!r} is none of them")
+    flag = next(flag for flag, dotted in OVERRIDE_FLAGS.items() if dotted == key)
+    raise ManifestError(f"{key}: the simulator does not know {model!r}; override with {flag} NAME, a known "
+                        f"architecture ({', '.join(sorted(KNOWN_MODELS))}), or {flag} PATH, a model's config.json "
+                        "(or its GGUF file or Hugging Face folder)")
 
 
 # ---- reading a file ----------------------------------------------------------------------------------
@@ -294,7 +422,11 @@ OVERRIDE_FLAGS = {
     "--prefill-budget-tokens": "scheduler.prefill_budget_tokens",
     "--decode-batch-max-tokens": "scheduler.decode_batch_max_tokens",
     "--num-speculative-tokens": "optional.speculative_decoding.speculative_tokens",
+    "--speculative-model": "optional.speculative_decoding.draft_model",  # vLLM's flag before --speculative-config
+    "--speculative-decoding": "optional.speculative_decoding",  # null: no speculation
 }
+# Overrides taken as written rather than read as YAML: a model is a name or a path, and "[ngram]" is no list.
+TEXT_OVERRIDES = ("engine.model", "optional.speculative_decoding.draft_model")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -363,12 +495,18 @@ def _describe(error: Mapping[str, Any]) -> str:
 
 
 def _section_of(loc: tuple[Any, ...]) -> type[BaseModel]:
-    """The model class that holds the keys at `loc` (a path of section names from the top)."""
+    """The model class that holds the keys at `loc` (a path of section names from the top; in a mapping
+    of sections, such as `tenants`, the entry's name follows the mapping's)."""
     section: type[BaseModel] = Manifest
-    for name in loc:
+    names = iter(loc)
+    for name in names:
         annotation = section.model_fields[name].annotation
-        section = next(a for a in (annotation, *getattr(annotation, "__args__", ()))
-                       if isinstance(a, type) and issubclass(a, BaseModel))
+        candidates = (annotation, *get_args(annotation))
+        mapping = next((a for a in candidates if get_origin(a) is dict), None)
+        if mapping is not None:
+            next(names, None)  # the entry's name, e.g. the tenant's
+            candidates = get_args(mapping)
+        section = next(a for a in candidates if isinstance(a, type) and issubclass(a, BaseModel))
     return section
 
 

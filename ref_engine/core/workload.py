@@ -14,7 +14,8 @@ stream per group, so every request of a group (and of later workloads with the s
 begins with the same tokens.
 
 Workloads of several senders are built by tagging each (`with_tenant`, `with_priority`) and adding them:
-`a + b` holds the requests of both in arrival order.
+`a + b` holds the requests of both in arrival order; or one stream is shared out among tenants in fixed
+proportions (`with_tenant_mix`, the command line's `tenants=a:3,b:1`).
 
 Lesson: lessons/01-continuous-batching.md (experiment protocol); lessons/04-prefix-caching.md (shared
 prefixes, chat rounds, tenants); scheduling policies in lessons/03-chunked-prefill-and-disaggregation.md#fairness.
@@ -23,6 +24,7 @@ prefixes, chat rounds, tenants); scheduling policies in lessons/03-chunked-prefi
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from ref_engine.core.request import Request
@@ -147,6 +149,26 @@ class Workload:
         """The same requests, all sent by `tenant` with `cache_salt` (the prefix cache isolates both)."""
         return replace(self, requests=tuple(replace(r, tenant=tenant, cache_salt=cache_salt)
                                             for r in self.requests), name=f"{self.name}@{tenant}")
+
+    def with_tenant_mix(self, shares: Mapping[str, int]) -> Workload:
+        """The same requests shared out among tenants in proportion to `shares` (tenant -> a positive integer),
+        interleaved by smooth weighted round robin: {"a": 3, "b": 1} sends a, a, b, a, a, a, b, a, ... No
+        randomness, so the mix is exact for every prefix of the stream and does not move other draws."""
+        if not shares or not all(isinstance(t, str) and t for t in shares) or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shares.values()):
+            raise ValueError(f"shares must map non-empty tenant names to positive integers, got {dict(shares)!r}")
+        total = sum(shares.values())
+        credit = dict.fromkeys(shares, 0)
+        tenants = []
+        for _ in self.requests:
+            for tenant, share in shares.items():
+                credit[tenant] += share
+            chosen = max(credit, key=credit.__getitem__)  # ties: the first named
+            credit[chosen] -= total
+            tenants.append(chosen)
+        mix = ",".join(f"{tenant}:{share}" for tenant, share in shares.items())
+        return replace(self, requests=tuple(replace(r, tenant=t) for r, t in zip(self.requests, tenants)),
+                       name=f"{self.name}@{mix}")
 
     def with_priority(self, priority: int) -> Workload:
         """The same requests, all with `priority` (lower runs first under scheduling_policy="priority")."""

@@ -27,12 +27,15 @@ from sim.simulator import Simulator
 ROOT = Path(__file__).resolve().parents[2]
 
 # Every flag `--to-vllm` may print, as vLLM declares it in `EngineArgs.add_cli_args`
-# (vllm/engine/arg_utils.py, github.com/vllm-project/vllm at commit 99d7eb5d6a512cfcc5a2b104f24ebf2d6cda772b),
-# with the choices of those that take a fixed set (`SchedulerPolicy = Literal["fcfs", "priority"]`).
+# (vllm/engine/arg_utils.py, github.com/vllm-project/vllm at commit 99d7eb5d6a512cfcc5a2b104f24ebf2d6cda772b,
+# `vllm_command.VLLM_VERSION`), with the choices of those that take a fixed set (`SchedulerPolicy =
+# Literal["fcfs", "priority"]`). `enable_chunked_prefill` is a `bool | None` field there, so argparse's
+# BooleanOptionalAction gives it both --enable-chunked-prefill and --no-enable-chunked-prefill.
 VLLM_SERVE_FLAGS = {
     "--served-model-name", "--trust-remote-code", "--tensor-parallel-size", "--max-model-len", "--max-num-seqs",
-    "--block-size", "--enable-chunked-prefill", "--max-num-batched-tokens", "--long-prefill-token-threshold",
-    "--scheduling-policy", "--speculative-config", "--dtype", "--enforce-eager",
+    "--block-size", "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--max-num-batched-tokens",
+    "--long-prefill-token-threshold", "--scheduling-policy", "--speculative-config", "--dtype", "--enforce-eager",
+    "--kv-cache-dtype",
 }
 VLLM_CHOICES = {"--scheduling-policy": {"fcfs", "priority"},
                 "--dtype": {"auto", "half", "float16", "bfloat16", "float", "float32"}}
@@ -141,10 +144,19 @@ def test_each_section_maps_onto_its_engine_knob(overrides, knobs):
     (lambda m: m.update(observability={}), ["observability: unknown key", "scheduler", "metrics"]),
     (lambda m: m["api"]["request_limits"].update(max_num_seqs="32"),  # a wrong type: no coercion
      ["api.request_limits.max_num_seqs", "integer", "'32'"]),
-    (lambda m: m["api"].update(stream="yes please"), ["api.stream", "boolean"]),
+    (lambda m: m["api"].update(stream="yes please"),  # a misspelled value, with every accepted one
+     ["api.stream: got 'yes please'", "'incremental_tokens', 'whole_response', true or false"]),
+    (lambda m: m["engine"].update(framework="vlm"), ["engine.framework: got 'vlm'", "'vllm' in any case"]),
+    (lambda m: m["scheduler"].update(type="chunked-prefill"),
+     ["scheduler.type: got 'chunked-prefill'", "'chunked_prefill', 'continuous' or 'static'"]),
+    (lambda m: m["api"].update(protocol="grpc"), ["api.protocol: got 'grpc'", "'openai_compatible_http' or 'openai'"]),
+    (lambda m: m.update(tenants={"acme": {"wieght": 2}}), ["tenants.acme.wieght: unknown key", "weight, max_num_seqs"]),
+    (lambda m: m.update(tenants={"acme": {"weight": "2"}}), ["tenants.acme.weight", "'2'"]),
+    (lambda m: m.update(tenants={"acme": {"weight": 0}}), ["tenants.acme.weight", "greater than 0"]),
     (lambda m: m["api"]["admission"].update(preempt="pause"),  # an unsupported value, with the allowed ones
      ["api.admission.preempt: got 'pause'", "'recompute' or 'swap'"]),
-    (lambda m: m["cache"].update(block_table="radix"), ["cache.block_table: got 'radix'", "'paged'"]),
+    (lambda m: m["cache"].update(block_table="radix"),
+     ["cache.block_table: got 'radix'", "'per_sequence' or 'paged'"]),
     (lambda m: m["cache"].update(block_size_tokens=0), ["cache.block_size_tokens", "greater than or equal to 1"]),
     (lambda m: m["metrics"].append("gpu_temperature"), ["metrics[6]: got 'gpu_temperature'", "'kv_cache_utilization'"]),
     (lambda m: m["metrics"].append("inter_token_latency"), ["metrics", "repeated: inter_token_latency"]),
@@ -168,7 +180,7 @@ def test_values_the_engine_cannot_honour_name_their_key_and_the_simulator_prices
     assert Simulator(hardware="h100-sxm", **manifest.simulator_kwargs()).tensor_parallel_size == 4
     with pytest.raises(ManifestError, match=r"engine\.model: .*'llama-3.1-8b' is none of them"):
         load_manifest(EXAMPLE_MANIFEST, {"engine.model": "llama-3.1-8b"}).llm_kwargs()  # dims only: no weights
-    with pytest.raises(ManifestError, match=r"engine\.model: the simulator prices"):
+    with pytest.raises(ManifestError, match=r"engine\.model: the simulator does not know 'no/such-model'"):
         load_manifest(EXAMPLE_MANIFEST, {"engine.model": "no/such-model"}).simulator_kwargs()
 
 
@@ -273,7 +285,7 @@ def test_simulate_speculation_needs_an_acceptance_rate(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["simulate", "--config", str(EXAMPLE_MANIFEST), "--workload", "synthetic:2:32:8",
                   "--hardware", "local-cpu", "--acceptance-rate", "0.5"])
-    assert "--acceptance-rate A" in capsys.readouterr().err
+    assert "--acceptance-rate 0.5: prices optional.speculative_decoding" in capsys.readouterr().err
     speculating = write(tmp_path, with_values(
         {"optional.speculative_decoding": {"draft_model": "self:8", "speculative_tokens": 3}}))
     out = run_cli(["simulate", "--config", str(speculating), "--workload", "synthetic:2:32:8", "--hardware",
@@ -323,3 +335,183 @@ def test_the_engine_runs_a_manifest_on_a_model_folder(make_tiny_hf_model):
     out = llm.generate(["hello"], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
     assert manifest.simulator_kwargs()["model"] == llm.llm_engine.arch  # the simulator prices the same dims
+
+
+# ---- the client's manifest, byte for byte (issue #26) -------------------------------------------------
+
+CLIENT = Path(__file__).parent / "data" / "client_deploy.yaml"
+
+
+def test_the_client_manifest_becomes_a_complete_vllm_serve_command(capsys):
+    out = run_cli(["manifest", "--to-vllm", str(CLIENT)], capsys)
+    model, flags = vllm_flags(out)
+    assert model == "organization/chat-model"
+    assert flags == {"--served-model-name": "chat", "--tensor-parallel-size": "4", "--max-model-len": "32768",
+                     "--max-num-seqs": "256", "--block-size": "16", "--enable-chunked-prefill": None,
+                     "--max-num-batched-tokens": str(2048 + 256), "--long-prefill-token-threshold": "2048",
+                     "--speculative-config": flags["--speculative-config"]}
+    assert json.loads(flags["--speculative-config"]) == {"model": "organization/chat-draft-model",
+                                                         "num_speculative_tokens": 5}
+    assert set(flags) <= VLLM_SERVE_FLAGS
+    notes = [line for line in out.splitlines() if line.startswith("# ")]
+    assert "vLLM v0.11" in notes[0] and "99d7eb5d" in notes[0]  # the release the flags were checked against
+    # every key without a flag of its own has a comment line saying what vLLM does with it
+    for key in ("service", "engine.framework", "engine.trust_remote_code", "api.protocol", "api.stream",
+                "api.admission.preempt", "api.admission.fairness", "cache.block_table", "cache.allocation",
+                "scheduler.prefill_budget_tokens", "scheduler.decode_batch_max_tokens",
+                "optional.speculative_decoding", "metrics"):
+        assert any(note.startswith(f"# {key}: ") for note in notes), key
+    assert any("decode tokens per step (a row with k drafts counts 1 + k)" in note for note in notes)
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({}, dict(scheduling="continuous", enable_chunked_prefill=True, max_num_batched_tokens=2048 + 256,
+              scheduling_policy="fair", kv_allocation="paged", speculative_method="draft_model")),
+    ({"engine.framework": "vllm", "api.protocol": "openai", "cache.block_table": "paged"}, {}),  # extra names
+    ({"scheduler.type": "continuous", "scheduler.prefill_budget_tokens": None},  # lesson 3's baseline
+     dict(scheduling="continuous", enable_chunked_prefill=False, max_num_batched_tokens=32768 + 256)),
+    ({"scheduler.type": "static", "scheduler.prefill_budget_tokens": None, "scheduler.decode_batch_max_tokens": None,
+      "api.admission.fairness": "none", "optional.speculative_decoding": None},
+     dict(scheduling="static", speculative_method=None)),
+])
+def test_the_client_values_mean_what_they_say(overrides, expected):
+    config = load_manifest(CLIENT, overrides).engine_config()
+    assert {knob: getattr(config, knob) for knob in expected} == expected
+
+
+@pytest.mark.parametrize("stream, streaming", [("incremental_tokens", True), ("whole_response", False),
+                                               (True, True), (False, False)])
+def test_api_stream_takes_the_client_value_a_documented_off_value_and_booleans(stream, streaming):
+    assert load_manifest(CLIENT, {"api.stream": stream}).api.streaming is streaming
+
+
+def test_continuous_without_chunking_refuses_a_prefill_budget_naming_the_key():
+    with pytest.raises(ManifestError, match=r"^scheduler\.prefill_budget_tokens: 2048 cuts prompts into chunks.*"
+                                            r"use chunked_prefill"):
+        load_manifest(CLIENT, {"scheduler.type": "continuous"}).engine_config()
+    out = load_manifest(CLIENT, {"scheduler.type": "continuous", "scheduler.prefill_budget_tokens": None})
+    from serving_lab.vllm_command import vllm_serve_command
+
+    assert "--no-enable-chunked-prefill" in vllm_flags(vllm_serve_command(out))[1]
+
+
+def test_the_engine_lists_every_key_it_cannot_run_with_its_override():
+    with pytest.raises(ManifestError) as error:
+        load_manifest(CLIENT).llm_kwargs()
+    lines = str(error.value).splitlines()
+    assert lines[0] == "4 keys the engine cannot run on this machine:"
+    expected = {"engine.model": "--model", "engine.tensor_parallel_size": "--tensor-parallel-size 1",
+                "api.request_limits.max_model_len": "--max-model-len 8192",
+                "optional.speculative_decoding.draft_model": "--speculative-model"}
+    assert {line.strip().split(":")[0]: line for line in lines[1:]}.keys() == expected.keys()
+    for line in lines[1:]:
+        key = line.strip().split(":")[0]
+        assert f"override with {expected[key]}" in line, line
+    honoured = load_manifest(CLIENT, {"engine.model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                                      "api.request_limits.max_model_len": 2048, "engine.tensor_parallel_size": 1,
+                                      "optional.speculative_decoding.draft_model": "[ngram]"})
+    assert honoured.llm_kwargs()["config"].speculative_method == "ngram"
+
+
+def test_simulate_names_an_unknown_model_and_offers_a_known_one_or_a_config_json(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["simulate", "--config", str(CLIENT), "--workload", "synthetic:4:64:8", "--hardware", "h100-sxm"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "engine.model: the simulator does not know 'organization/chat-model'" in err
+    assert "--model NAME" in err and "llama-3.1-70b" in err and "config.json" in err
+
+
+def test_simulate_runs_the_client_manifest_at_tp4_as_written(capsys):
+    argv = ["simulate", "--config", str(CLIENT), "--workload", "synthetic:8:256:16", "--model", "llama-3.1-70b",
+            "--hardware", "h100-sxm"]
+    out = run_cli(argv, capsys)
+    assert "text-generation: Llama-3.1-70B on H100-SXM (tensor_parallel_size=4)" in out
+    assert "8 completed, 0 failed" in out
+    assert "optional.speculative_decoding: not priced (no acceptance rate" in out  # said, not silently dropped
+    with pytest.raises(SystemExit):  # an acceptance rate prices the drafts, which needs the draft's dimensions
+        cli.main([*argv, "--acceptance-rate", "0.7"])
+    assert "optional.speculative_decoding.draft_model: the simulator does not know" in capsys.readouterr().err
+    priced = run_cli([*argv, "--acceptance-rate", "0.7", "--speculative-model", "llama-3.1-8b"], capsys)
+    assert "8 completed, 0 failed" in priced and "not priced" not in priced
+
+
+def test_a_config_json_names_the_dimensions_the_simulator_prices(make_tiny_hf_model, capsys):
+    config_json = make_tiny_hf_model("llama", name="manifest-config-json") / "config.json"
+    manifest = load_manifest(CLIENT, {"engine.model": str(config_json)})
+    arch = manifest.simulator_kwargs(speculation=False)["model"]
+    assert (arch.hidden_size, arch.num_layers) == (json.loads(config_json.read_text())["hidden_size"],
+                                                   json.loads(config_json.read_text())["num_hidden_layers"])
+
+
+def test_simulate_refuses_prompts_longer_than_max_model_len(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["simulate", "--config", str(EXAMPLE_MANIFEST), "--workload", "synthetic:64:128:8",
+                  "--hardware", "local-cpu", "--max-model-len", "100"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "64 of 64 prompts have up to 128 tokens, and max_model_len (100)" in err and "nan" not in err
+
+
+# ---- tenants ----------------------------------------------------------------------------------------
+
+
+def with_tenants(tmp_path: Path, tenants: dict[str, Any], fairness: str = "per_tenant_budgets") -> Path:
+    data = with_values({"api.admission.fairness": fairness})
+    data["tenants"] = tenants
+    return write(tmp_path, data)
+
+
+def test_the_tenants_section_becomes_tenant_policies_and_engine_knobs(tmp_path):
+    from ref_engine.entrypoints.openai.tenants import TenantPolicy
+
+    path = with_tenants(tmp_path, {"acme": {"weight": 3, "max_num_seqs": 8, "max_pending_requests": 16,
+                                            "token_budget": 100_000, "budget_window_s": 30},
+                                   "beta": {}})
+    manifest = load_manifest(path)
+    assert manifest.tenant_policies() == {
+        "acme": TenantPolicy(weight=3.0, max_num_seqs=8, max_pending_requests=16, token_budget=100_000,
+                             budget_window_s=30.0),
+        "beta": TenantPolicy()}
+    config = manifest.engine_config()
+    assert dict(config.tenant_weights) == {"acme": 3.0, "beta": 1.0}
+    assert dict(config.tenant_max_num_seqs) == {"acme": 8}
+    assert load_manifest(CLIENT).tenant_policies() == {}  # the client's file stays valid without the section
+    unfair = load_manifest(with_tenants(tmp_path, {"acme": {"weight": 3}}, fairness="none")).engine_config()
+    assert unfair.tenant_weights is None  # weights mean something only under per_tenant_budgets
+
+
+def test_a_workload_spec_carries_a_tenant_mix():
+    workload = parse_workload("synthetic:8:16:4,tenants=a:3,b:1")
+    assert [r.tenant for r in workload.requests] == ["a", "a", "b", "a", "a", "a", "b", "a"]
+    assert [r.tenant for r in parse_workload("synthetic:8:16:4:2").requests] == [None] * 8
+    assert parse_workload("synthetic:8:16:4:2,tenants=x:1").requests[0].tenant == "x"
+
+
+@pytest.mark.parametrize("spec, error", [
+    ("synthetic:8:16:4,users=a:1", "after the lengths comes only tenants=NAME:SHARE"),
+    ("synthetic:8:16:4,tenants=a:0", "each tenant is NAME:SHARE.*got 'a:0'"),
+    ("synthetic:8:16:4,tenants=a:1,a:2", "distinct name.*got 'a:2'"),
+    ("synthetic:8:16:4,tenants=:1", "got ':1'"),
+])
+def test_a_bad_tenant_mix_shows_the_expected_form(spec, error):
+    with pytest.raises(ValueError, match=error):
+        parse_workload(spec)
+
+
+def tenant_shares(out: str) -> dict[str, float]:
+    """tenant -> service share (%) from `simulate`'s per-tenant rows."""
+    rows = out.split("per tenant", 1)[1].splitlines()[2:]
+    return {row.split()[0]: float(row.split()[2].rstrip("%")) for row in rows if row.strip()}
+
+
+def test_simulate_prints_per_tenant_rows_that_fairness_changes(tmp_path, capsys):
+    argv = ["simulate", "--workload", "synthetic:48:64:32,tenants=a:3,b:1", "--hardware", "local-cpu",
+            "--max-num-seqs", "2"]
+    fair = run_cli([*argv, "--config", str(with_tenants(tmp_path, {"a": {"weight": 1}, "b": {"weight": 1}}))], capsys)
+    assert "per tenant (api.admission.fairness: per_tenant_budgets" in fair
+    assert "weight share" in fair and "mean TTFT ms" in fair
+    fcfs = run_cli([*argv, "--config", str(with_tenants(tmp_path, {"a": {}, "b": {}}, fairness="none"))], capsys)
+    # first come, first served hands b its traffic's quarter; equal weights hand it about half
+    assert tenant_shares(fcfs)["b"] < 35 < 40 < tenant_shares(fair)["b"]

@@ -4,6 +4,9 @@ A bad manifest or flag stops the command with exit status 2 and one line naming 
 starts. The shipped manifest, its model substituted, starts the server the command line builds
 (`build_server`); a SIGTERM then drains it: new requests get 503 while open ones run for up to
 `--graceful-timeout` seconds, and those still running then are aborted.
+
+The client's own manifest (tests/serving_lab/data/client_deploy.yaml, byte for byte) stops `serve` with one
+line per key this one-CPU engine cannot honour, each naming its override; with those overrides it serves.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -26,7 +30,13 @@ from ref_engine.entrypoints.openai.protocol import CompletionRequest
 from ref_engine.entrypoints.openai.serving import OpenAIError
 from ref_engine.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from serving_lab import cli
-from serving_lab.manifest import EXAMPLE_MANIFEST
+from serving_lab.manifest import DEFAULT_MODEL, EXAMPLE_MANIFEST
+
+CLIENT = Path(__file__).parent / "data" / "client_deploy.yaml"
+# What the one-CPU engine cannot honour in the client's file, overridden: the model, the context, the degree,
+# and the draft model (prompt lookup in its place, the same 5 speculative tokens).
+CLIENT_OVERRIDES = ["--model", DEFAULT_MODEL, "--max-model-len", "2048", "--tensor-parallel-size", "1",
+                    "--speculative-model", "[ngram]"]
 
 GRACEFUL_TIMEOUT = 1.0
 
@@ -159,3 +169,94 @@ def test_the_shipped_manifest_serves_and_sigterm_drains(tiny):
     aborted = server.engine.stat_logger.registry.get_sample_value(
         "vllm:request_success_total", {"model_name": "smollm2", "finished_reason": "abort"})
     assert aborted >= 1  # the long request's choices still running or waiting
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                return
+        except httpx.ConnectError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not become healthy in 120 s")
+
+
+def test_the_client_manifest_without_overrides_stops_with_one_line_per_key(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["serve", "--config", str(CLIENT)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    header, *lines = err.strip().splitlines()
+    assert header == "serving-lab: error: 4 keys the engine cannot run on this machine:"
+    overrides = {"engine.model": "--model", "engine.tensor_parallel_size": "--tensor-parallel-size 1",
+                 "api.request_limits.max_model_len": "--max-model-len 8192",
+                 "optional.speculative_decoding.draft_model": "--speculative-model"}
+    assert [line.strip().split(":")[0] for line in lines] == list(overrides)
+    for line, flag in zip(lines, overrides.values()):
+        assert f"override with {flag}" in line, line
+    assert "32768" in lines[2] and "8192" in lines[2]
+
+
+def test_without_the_draft_override_the_draft_line_stays(capsys):
+    with pytest.raises(SystemExit):  # nothing is silently substituted: the draft is named until overridden
+        cli.main(["serve", "--config", str(CLIENT), *CLIENT_OVERRIDES[:-2]])
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("serving-lab: error: optional.speculative_decoding.draft_model: "
+                          "'organization/chat-draft-model' is no model on this machine") and len(err.splitlines()) == 1
+    args = cli.build_parser().parse_args(["serve", "--config", str(CLIENT), *CLIENT_OVERRIDES[:-2],
+                                          "--speculative-decoding", "null"])
+    assert cli.serve_config(args).speculative_method is None  # or leave speculation out, saying so
+
+
+def test_the_manifest_tenants_section_reaches_args(tmp_path):
+    data = yaml.safe_load(CLIENT.read_text())
+    data["tenants"] = {"acme": {"weight": 2, "max_num_seqs": 4, "max_pending_requests": 8}}
+    (tmp_path / "tenants.yaml").write_text(yaml.safe_dump(data))
+    args = cli.build_parser().parse_args(["serve", "--config", str(tmp_path / "tenants.yaml"), *CLIENT_OVERRIDES])
+    config = cli.serve_config(args)
+    assert args.tenants["acme"].max_pending_requests == 8 and args.tenants["acme"].weight == 2
+    assert dict(config.tenant_weights) == {"acme": 2} and dict(config.tenant_max_num_seqs) == {"acme": 4}
+    plain = cli.build_parser().parse_args(["serve", "--config", str(CLIENT), *CLIENT_OVERRIDES])
+    cli.serve_config(plain)
+    assert plain.tenants is None and plain.allow_streaming is True  # incremental_tokens: streaming on
+    assert cli.build_parser().parse_args(["serve"]).config is None
+
+
+def test_the_client_manifest_serves_a_streaming_chat_with_the_overrides():
+    port = free_port()
+    args = cli.build_parser().parse_args(["serve", "--config", str(CLIENT), *CLIENT_OVERRIDES, "--port", str(port)])
+    config = cli.serve_config(args)
+    assert (config.max_model_len, config.max_num_seqs, config.scheduling_policy, config.enable_chunked_prefill,
+            config.prefill_budget_tokens, config.decode_batch_max_tokens, config.num_speculative_tokens) == (
+        2048, 256, "fair", True, 2048, 256, 5)
+    server = build_server(args, config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url)
+        assert [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]] == ["chat"]  # served_model_name
+        body = {"model": "chat", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
+                "stream": True}
+        chunks = []
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunks.append(json.loads(line.removeprefix("data: ")))
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        assert len(chunks) > 2 and text  # incremental tokens: several deltas
+        assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length") or any(
+            c["choices"] and c["choices"][0].get("finish_reason") for c in chunks)
+    finally:
+        server.handle_exit(signal.SIGTERM, None)
+        thread.join(30)
