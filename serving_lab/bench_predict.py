@@ -51,7 +51,8 @@ def bench_workload(requests: list[BenchRequest], request_rate: float, burstiness
                          "--dataset-path whose prompts are lists of token ids); text prompts are counted "
                          "by the server's tokenizer")
     times = itertools.accumulate(arrival_gaps(len(requests), request_rate, burstiness, seed))
-    return Workload(tuple(WorkloadRequest(t, len(r.prompt), r.output_len, prompt_token_ids=tuple(r.prompt))
+    return Workload(tuple(WorkloadRequest(t, len(r.prompt), r.output_len, prompt_token_ids=tuple(r.prompt),
+                                          tenant=r.tenant)
                           for t, r in zip(times, requests)), seed=seed, name="bench serve")
 
 

@@ -13,6 +13,11 @@ The result JSON has the field names of `vllm bench serve` (`output_throughput`, 
 `p99_itl_ms`, ...) and of `RunMetrics`, so a measured run, a vLLM run and a simulated run sit in one table;
 `--simulate` adds the simulator's prediction of the same run under `simulated` (serving_lab/bench_predict.py).
 
+Tenants: a server with API keys knows a request's tenant by its key alone, so `--tenants a:3,b:1` shares the
+requests out among tenants in those proportions (interleaved, as a workload spec's `tenants=` mix) and
+`--api-key-file` (the server's own key file) gives each tenant's key; the result then has a row per tenant
+(`tenants`: completed, output throughput, mean TTFT), which is where a per-tenant budget or weight shows.
+
 Lesson: lessons/06-architecture-map.md (measuring the server from outside).
 """
 
@@ -24,7 +29,7 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +37,15 @@ import httpx
 from tqdm import tqdm
 
 from ref_engine.core.metrics import latency_summary
+from ref_engine.core.workload import tenant_sequence
+from serving_lab.workload_spec import parse_tenant_mix
 
 
 @dataclass
 class BenchRequest:
     prompt: str | list[int]
     output_len: int
+    tenant: str | None = None  # sent with this tenant's API key (`--tenants`, `--api-key-file`)
 
 
 @dataclass
@@ -78,7 +86,28 @@ def arrival_gaps(num: int, request_rate: float, burstiness: float, seed: int) ->
     return [rng.gammavariate(burstiness, 1 / (request_rate * burstiness)) for _ in range(num)]
 
 
-async def send_request(http: httpx.AsyncClient, url: str, model: str | None, request: BenchRequest) -> RequestResult:
+def assign_tenants(requests: list[BenchRequest], mix: dict[str, int]) -> list[BenchRequest]:
+    """The requests shared out among the tenants of `mix` (tenant -> share), as `Workload.with_tenant_mix`."""
+    return [replace(r, tenant=t) for r, t in zip(requests, tenant_sequence(len(requests), mix))]
+
+
+def tenant_keys(path: str | Path, tenants: list[str]) -> dict[str, str]:
+    """Each tenant's API key from a server's key file (the first key of that tenant); a ValueError names a
+    tenant the file gives no key."""
+    from ref_engine.entrypoints.openai.tenants import load_api_keys
+
+    keys: dict[str, str] = {}
+    for key, grant in load_api_keys(path).keys.items():
+        keys.setdefault(grant.tenant, key)
+    missing = [t for t in tenants if t not in keys]
+    if missing:
+        raise ValueError(f"--tenants: {path} has no key for tenant(s) {', '.join(missing)}; its tenants: "
+                         f"{', '.join(sorted(keys))}")
+    return {t: keys[t] for t in tenants}
+
+
+async def send_request(http: httpx.AsyncClient, url: str, model: str | None, request: BenchRequest,
+                       headers: dict[str, str] | None = None) -> RequestResult:
     body: dict[str, Any] = {"prompt": request.prompt, "max_tokens": request.output_len, "temperature": 0.0,
                             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     if model:
@@ -86,7 +115,7 @@ async def send_request(http: httpx.AsyncClient, url: str, model: str | None, req
     result = RequestResult()
     start = last = time.perf_counter()
     try:
-        async with http.stream("POST", url, json=body) as response:
+        async with http.stream("POST", url, json=body, headers=headers) as response:
             if response.status_code != 200:
                 result.error = f"HTTP {response.status_code}: {(await response.aread()).decode(errors='replace')}"
                 return result
@@ -117,8 +146,10 @@ async def send_request(http: httpx.AsyncClient, url: str, model: str | None, req
 
 async def run_benchmark(base_url: str, requests: list[BenchRequest], *, model: str | None = None,
                         request_rate: float = math.inf, burstiness: float = 1.0, max_concurrency: int | None = None,
-                        seed: int = 0, api_key: str | None = None, progress: bool = True) -> dict[str, Any]:
-    """Send `requests` and return the result dict (vllm bench serve's names)."""
+                        seed: int = 0, api_key: str | None = None, tenant_keys: dict[str, str] | None = None,
+                        progress: bool = True) -> dict[str, Any]:
+    """Send `requests` and return the result dict (vllm bench serve's names); a request with a tenant goes
+    with `tenant_keys[tenant]` instead of `api_key`."""
     if burstiness <= 0 or request_rate <= 0:
         raise ValueError("request_rate and burstiness must be > 0")
     url = base_url.rstrip("/") + "/v1/completions"
@@ -127,18 +158,21 @@ async def run_benchmark(base_url: str, requests: list[BenchRequest], *, model: s
     bar = tqdm(total=len(requests), desc="bench serve", unit="req", disable=not progress)
 
     async def one(http: httpx.AsyncClient, request: BenchRequest) -> RequestResult:
+        own = {"Authorization": f"Bearer {tenant_keys[request.tenant]}"} if request.tenant else None
         if limit is None:
-            result = await send_request(http, url, model, request)
+            result = await send_request(http, url, model, request, own)
         else:
             async with limit:
-                result = await send_request(http, url, model, request)
+                result = await send_request(http, url, model, request, own)
         bar.update(1)
         return result
 
     pool = httpx.Limits(max_connections=max_concurrency or len(requests))
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), headers=headers, limits=pool) as http:
         if model is None:  # the server's first (for ours and a plain vLLM: only) model
-            models = await http.get(base_url.rstrip("/") + "/v1/models")
+            any_key = api_key or next(iter((tenant_keys or {}).values()), None)
+            models = await http.get(base_url.rstrip("/") + "/v1/models",
+                                    headers={"Authorization": f"Bearer {any_key}"} if any_key else None)
             models.raise_for_status()
             model = models.json()["data"][0]["id"]
         start = time.perf_counter()
@@ -171,13 +205,29 @@ def summarize(requests: list[BenchRequest], results: list[RequestResult], durati
         "input_lens": [r.input_tokens for _, r in done], "output_lens": [r.output_tokens for _, r in done],
         "ttfts": [r.ttft for _, r in done], "itls": [r.itl for _, r in done],
         "generated_texts": [r.generated_text for _, r in done], "errors": [r.error for r in results if r.error],
+        **({"tenants": tenant_rows(requests, results, duration)} if any(q.tenant for q in requests) else {}),
     }
+
+
+def tenant_rows(requests: list[BenchRequest], results: list[RequestResult], duration: float) -> dict[str, Any]:
+    """Per tenant: requests sent and completed, output tok/s and mean TTFT of the completed ones."""
+    rows: dict[str, Any] = {}
+    for tenant in dict.fromkeys(q.tenant for q in requests):
+        mine = [r for q, r in zip(requests, results) if q.tenant == tenant]
+        done = [r for r in mine if r.success]
+        rows[tenant] = {"num_prompts": len(mine), "completed": len(done),
+                        "output_throughput": sum(r.output_tokens for r in done) / duration if duration > 0 else math.nan,
+                        "mean_ttft_ms": 1000 * sum(r.ttft for r in done) / len(done) if done else math.nan}
+    return rows
 
 
 def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
     parser.add_argument("--model", default=None, help="the served model's name (default: the server's first)")
     parser.add_argument("--api-key", default=None)
+    parser.add_argument("--tenants", metavar="MIX", default=None,
+                        help="share the requests among tenants, e.g. a:3,b:1 (needs --api-key-file)")
+    parser.add_argument("--api-key-file", default=None, help="the server's key file: each tenant's key")
     parser.add_argument("--num-prompts", type=int, default=100)
     parser.add_argument("--random-input-len", type=int, default=128)
     parser.add_argument("--random-output-len", type=int, default=64)
@@ -198,6 +248,15 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         requests = load_prompts(args.dataset_path, args.num_prompts)
     else:
         requests = synthetic_requests(args.num_prompts, args.random_input_len, args.random_output_len, args.seed)
+    keys = None
+    if args.tenants is not None:
+        if args.api_key_file is None:
+            raise ValueError("--tenants: a server knows a tenant by its API key; give --api-key-file (the "
+                             "server's key file)")
+        mix = parse_tenant_mix(args.tenants, "--tenants")
+        requests, keys = assign_tenants(requests, mix), tenant_keys(args.api_key_file, list(mix))
+    elif args.api_key_file is not None:
+        raise ValueError("--api-key-file goes with --tenants (one key for every request: --api-key)")
     settings = dict(request_rate=args.request_rate, burstiness=args.burstiness, seed=args.seed,
                     max_concurrency=args.max_concurrency)
     predicting = dict(settings, config=args.config, hardware=args.hardware,
@@ -207,10 +266,13 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         print(comparison(None, result["simulated"]))
     else:
         result = asyncio.run(run_benchmark(args.base_url, requests, model=args.model, api_key=args.api_key,
-                                           **settings))
+                                           tenant_keys=keys, **settings))
         print(f"completed {result['completed']}/{result['num_prompts']} in {result['duration']:.2f} s: "
               f"{result['output_throughput']:.1f} output tok/s, mean TTFT {result['mean_ttft_ms']:.1f} ms, "
               f"mean ITL {result['mean_itl_ms']:.1f} ms")
+        for tenant, row in result.get("tenants", {}).items():
+            print(f"  tenant {tenant}: completed {row['completed']}/{row['num_prompts']}, "
+                  f"{row['output_throughput']:.1f} output tok/s, mean TTFT {row['mean_ttft_ms']:.1f} ms")
         if args.simulate:
             result["simulated"] = predict(requests, **predicting)
             print(comparison(result, result["simulated"]))

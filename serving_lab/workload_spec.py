@@ -52,11 +52,16 @@ def _tenant_mix(spec: str, option: str) -> dict[str, int]:
     if not option.startswith("tenants="):
         raise ValueError(f"workload {spec!r}: after the lengths comes only tenants=NAME:SHARE,... "
                          f"(e.g. tenants=a:3,b:1), got {option!r}")
+    return parse_tenant_mix(option.removeprefix("tenants="), f"workload {spec!r}")
+
+
+def parse_tenant_mix(mix: str, where: str) -> dict[str, int]:
+    """`a:3,b:1` -> {"a": 3, "b": 1}; `where` names the flag or spec in the error."""
     shares: dict[str, int] = {}
-    for item in option.removeprefix("tenants=").split(","):
+    for item in mix.split(","):
         name, _, share = item.partition(":")
         if not name or not share.isdigit() or int(share) < 1 or name in shares:
-            raise ValueError(f"workload {spec!r}: each tenant is NAME:SHARE, a distinct name and a positive "
+            raise ValueError(f"{where}: each tenant is NAME:SHARE, a distinct name and a positive "
                              f"integer share (e.g. tenants=a:3,b:1), got {item!r}")
         shares[name] = int(share)
     return shares

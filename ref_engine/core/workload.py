@@ -151,21 +151,8 @@ class Workload:
                                             for r in self.requests), name=f"{self.name}@{tenant}")
 
     def with_tenant_mix(self, shares: Mapping[str, int]) -> Workload:
-        """The same requests shared out among tenants in proportion to `shares` (tenant -> a positive integer),
-        interleaved by smooth weighted round robin: {"a": 3, "b": 1} sends a, a, b, a, a, a, b, a, ... No
-        randomness, so the mix is exact for every prefix of the stream and does not move other draws."""
-        if not shares or not all(isinstance(t, str) and t for t in shares) or not all(
-                isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shares.values()):
-            raise ValueError(f"shares must map non-empty tenant names to positive integers, got {dict(shares)!r}")
-        total = sum(shares.values())
-        credit = dict.fromkeys(shares, 0)
-        tenants = []
-        for _ in self.requests:
-            for tenant, share in shares.items():
-                credit[tenant] += share
-            chosen = max(credit, key=credit.__getitem__)  # ties: the first named
-            credit[chosen] -= total
-            tenants.append(chosen)
+        """The same requests shared out among tenants in proportion to `shares` (`tenant_sequence`)."""
+        tenants = tenant_sequence(len(self.requests), shares)
         mix = ",".join(f"{tenant}:{share}" for tenant, share in shares.items())
         return replace(self, requests=tuple(replace(r, tenant=t) for r, t in zip(self.requests, tenants)),
                        name=f"{self.name}@{mix}")
@@ -228,3 +215,22 @@ def _arrival_times(n: int, arrival: str | float, rng: random.Random) -> list[flo
             times.append(t)
         return times
     raise ValueError(f"arrival must be 'all' or a positive rate in requests/s, got {arrival!r}")
+
+
+def tenant_sequence(num_requests: int, shares: Mapping[str, int]) -> list[str]:
+    """The tenant of each of `num_requests` requests, in proportion to `shares` (tenant -> a positive integer),
+    interleaved by smooth weighted round robin: {"a": 3, "b": 1} gives a, a, b, a, a, a, b, a, ... No
+    randomness, so the mix is exact for every prefix of the stream and does not move other draws."""
+    if not shares or not all(isinstance(t, str) and t for t in shares) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shares.values()):
+        raise ValueError(f"shares must map non-empty tenant names to positive integers, got {dict(shares)!r}")
+    total = sum(shares.values())
+    credit = dict.fromkeys(shares, 0)
+    tenants = []
+    for _ in range(num_requests):
+        for tenant, share in shares.items():
+            credit[tenant] += share
+        chosen = max(credit, key=credit.__getitem__)  # ties: the first named
+        credit[chosen] -= total
+        tenants.append(chosen)
+    return tenants

@@ -234,3 +234,29 @@ def test_simultaneous_requests_cannot_pass_the_server_cap_together(url):
     """The defect: the cap was checked against streams already registered, so 40 arriving at once all passed."""
     statuses = asyncio.run(_flood(url, "key-g", 40, max_tokens=30))
     assert statuses.count(200) <= CAP and set(statuses) <= {200, 429}, statuses
+
+
+def test_bench_serve_sends_each_tenants_share_with_its_key_and_reports_per_tenant(url, tmp_path):
+    """`bench serve --tenants a:3,b:1 --api-key-file`: the mix interleaved, each request with its tenant's key;
+    acme's pending cap turns part of its burst into 429s while globex's requests all complete."""
+    from serving_lab.bench_serve import assign_tenants, run_benchmark, synthetic_requests, tenant_keys
+
+    keys = tenant_keys(write_keys(tmp_path, {"key-a": {"tenant": "acme"}, "key-g": {"tenant": "globex"}}),
+                       ["acme", "globex"])
+    requests = assign_tenants(synthetic_requests(8, 8, 40, seed=0), {"acme": 3, "globex": 1})
+    assert [r.tenant for r in requests] == ["acme", "acme", "globex", "acme"] * 2
+    result = asyncio.run(run_benchmark(url, requests, tenant_keys=keys, progress=False))
+    rows = result["tenants"]
+    assert rows["acme"]["num_prompts"] == 6 and rows["globex"]["num_prompts"] == 2
+    assert rows["globex"]["completed"] == 2 and rows["acme"]["completed"] <= ACME_CAP
+    assert any("429" in error for error in result["errors"])
+
+
+def test_bench_serve_tenants_need_the_servers_key_for_each(tmp_path):
+    from serving_lab.bench_serve import tenant_keys
+
+    with pytest.raises(ValueError, match="no key for tenant.*initech"):
+        tenant_keys(write_keys(tmp_path), ["acme", "initech"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "serve", "--tenants", "a:1", "--dry-run", "--hardware", "local-cpu"])
+    assert exit_.value.code == 2
