@@ -166,7 +166,8 @@ class Soak:
     seed: int
     ledger: Ledger = field(default_factory=Ledger)
     crash_window: tuple[float, float] | None = None  # from the kill until the server answers again
-    rss: list[tuple[float, int | None, int | None]] = field(default_factory=list)  # (t, api, core)
+    # (server instance, seconds since it started, API server RSS, engine-core RSS)
+    rss: list[tuple[int, float, int | None, int | None]] = field(default_factory=list)
     system_prompts: dict[str, str] = field(default_factory=dict)
     probe_prompts: dict[str, str] = field(default_factory=dict)  # tenant key -> a prompt it has run
 
@@ -366,7 +367,8 @@ class Soak:
     async def _sample_rss(self) -> None:
         while time.monotonic() < self.end:
             process = self.server.process
-            self.rss.append((time.monotonic() - self.server.started_at, rss_bytes(process.pid),
+            self.rss.append((self.server.restarts, time.monotonic() - self.server.started_at,
+                             rss_bytes(process.pid),
                              rss_bytes(self.server.engine_core_pid() if process.poll() is None else None)))
             await asyncio.sleep(2.0)
 
@@ -439,10 +441,10 @@ async def run_soak(duration_s: float, *, clients: int = 12, port: int = 8031, mo
         await soak.run()
         await asyncio.sleep(1.0)  # the last aborts reach the core
         gauges = server_gauges(server.url)
-        alive_since = soak.crash_window[1] - server.started_at if soak.crash_window else 0.0
-        settled = [(t, api, core) for t, api, core in soak.rss if api and core and t >= warmup_s]
-        baseline = settled[0][1:] if settled and settled[0][0] >= alive_since else None
-        end = settled[-1][1:] if settled else None
+        # memory of the instance alive at the end, from its own warm-up on (a restarted one starts afresh)
+        settled = [(api, core) for instance, t, api, core in soak.rss
+                   if instance == server.restarts and api and core and t >= warmup_s]
+        baseline, end = (settled[0], settled[-1]) if len(settled) > 1 else (None, None)
     finally:
         final_exit = server.stop()
     recovery_s = soak.crash_window[1] - soak.crash_window[0] if soak.crash_window else None
