@@ -10,8 +10,9 @@ import random
 import pytest
 
 from ref_engine.core import EngineConfig, Exponential, Request, RequestStatus, Workload, WorkloadRequest
+from ref_engine.core.request import SERVING_STATE
 from sim import Cluster, Simulator
-from sim.cluster import SERVING_STATE, decode_request, prefill_request
+from sim.cluster import decode_request, prefill_request
 from sim.cost_model import BatchShape
 
 GPU = dict(model="llama-3.1-8b", hardware="h100-sxm")
@@ -115,7 +116,7 @@ def test_kv_link_bandwidth_moves_ttft_monotonically():
 EVERY_FIELD = dict(
     request_id="r7", prompt_token_ids=[5, 6, 7, 8, 9], max_tokens=9, arrival_time=1.5,
     eos_token_ids=frozenset({2}), stop_token_ids=frozenset({3}), ignore_eos=True, min_tokens=2, tenant="alice",
-    cache_salt="salt", priority=-2, sampling_params="opaque to the core",
+    cache_salt="salt", user="a label", priority=-2, sampling_params="opaque to the core",
     # serving state, as if some replica had already served the request for a while
     output_token_ids=[11], num_computed_tokens=4, status=RequestStatus.RUNNING, num_preemptions=1,
     num_cached_tokens=3, block_hashes=[b"hash"], first_scheduled_time=2.0, first_token_time=2.5,
