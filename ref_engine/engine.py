@@ -82,6 +82,19 @@ PROMPT_LABELS = ("tenant", "user", "cache_salt")
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ParsedPrompt:
+    """A prompt as the engine takes it in (`LLMEngine._parse_prompt`): its token ids, its text when it came
+    as text, and the `Request` fields a prompt dict may set beside it."""
+
+    token_ids: list[int]
+    text: str | None = None  # None: the prompt came as token ids
+    tenant: str | None = None
+    user: str | None = None
+    cache_salt: str | None = None
+    priority: int = 0
+
+
 @dataclass
 class _RequestState:
     """What the engine keeps beside the core's `Request`: text, the seeded generator, logprobs."""
@@ -176,13 +189,14 @@ class LLMEngine:
 
     def _make_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                       arrival_time: float | None = None) -> tuple[Request, str | None]:
-        text, token_ids, fields = self._parse_prompt(prompt)
+        parsed = self._parse_prompt(prompt)
         request = Request(
-            request_id=request_id, prompt_token_ids=token_ids, max_tokens=params.max_tokens,
+            request_id=request_id, prompt_token_ids=parsed.token_ids, max_tokens=params.max_tokens,
             arrival_time=self.now() if arrival_time is None else arrival_time,
             eos_token_ids=self.eos_token_ids, stop_token_ids=frozenset(params.stop_token_ids),
-            ignore_eos=params.ignore_eos, min_tokens=params.min_tokens, sampling_params=params, **fields)
-        return request, text
+            ignore_eos=params.ignore_eos, min_tokens=params.min_tokens, tenant=parsed.tenant, user=parsed.user,
+            cache_salt=parsed.cache_salt, priority=parsed.priority, sampling_params=params)
+        return request, parsed.text
 
     def explain_prefix_cache(self, prompt: PromptType) -> PrefixCacheExplanation:
         """How many of this prompt's tokens the prefix cache would serve right now, and why the next block
@@ -416,9 +430,9 @@ class LLMEngine:
                              "or set kv_cache_memory or num_kv_blocks")
         return blocks
 
-    def _parse_prompt(self, prompt: PromptType) -> tuple[str | None, list[int], dict[str, Any]]:
-        """(text, token ids, the Request's other fields: tenant, user, cache_salt, priority) from a str, a
-        list of ids or a dict in vLLM's shape. Text that is not valid Unicode is refused here, naming its
+    def _parse_prompt(self, prompt: PromptType) -> ParsedPrompt:
+        """A str, a list of ids or a dict in vLLM's shape, as token ids (and text) with the dict's tenant,
+        user, cache_salt and priority. Text that is not valid Unicode is refused here, naming its
         key, so nothing computed from it later (the prefix-cache key, a tokenization) can raise."""
         fields: dict[str, Any] = {}
         if isinstance(prompt, dict):
@@ -446,7 +460,7 @@ class LLMEngine:
                 raise ValueError("prompt is empty")
             if not is_utf8_text(prompt):
                 raise ValueError("prompt is not valid Unicode text (it holds a lone surrogate)")
-            return prompt, self.tokenizer.encode(prompt), fields
+            return ParsedPrompt(self.tokenizer.encode(prompt), prompt, **fields)
         if isinstance(prompt, (list, tuple)):
             ids = list(prompt)
             if not ids:
@@ -455,7 +469,7 @@ class LLMEngine:
             if bad:
                 raise ValueError(f"prompt_token_ids has ids outside the vocabulary [0, {self.arch.vocab_size}): "
                                  f"{bad[:5]}")
-            return None, ids, fields
+            return ParsedPrompt(ids, **fields)
         raise ValueError(f"a prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
 
     def _record_logprobs(self, request: Request, row: int, token_id: int, sample: Any) -> None:
@@ -577,8 +591,9 @@ def parameter_bytes(model: torch.nn.Module) -> int:
 class LLM:
     """Offline batch generation: `LLM(**knobs).generate(prompts, SamplingParams(...))`."""
 
-    def __init__(self, model: str | Path | None = None, *, dtype: str | torch.dtype = "float32",
+    def __init__(self, model: str | Path | LoadedModel | None = None, *, dtype: str | torch.dtype = "float32",
                  device: str | torch.device | None = None, **knobs: Any) -> None:
+        """`model`: as `LLMEngine`'s (a path or name, None for the default, or a `LoadedModel`)."""
         self.llm_engine = LLMEngine(model, dtype=dtype, device=device, **knobs)
         self._next_id = 0
 

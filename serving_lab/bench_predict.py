@@ -22,7 +22,7 @@ import math
 from typing import Any
 
 from ref_engine.core.workload import Workload, WorkloadRequest
-from serving_lab.bench_serve import BenchRequest, arrival_gaps
+from serving_lab.bench_requests import BenchRequest, arrival_gaps
 from sim.hardware import HardwareProfile
 
 # The fields of a prediction printed next to the measurement (all of `RunMetrics.to_dict()` are stored).

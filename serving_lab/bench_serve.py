@@ -13,6 +13,8 @@ The result JSON has the field names of `vllm bench serve` (`output_throughput`, 
 `p99_itl_ms`, ...) and of `RunMetrics`, so a measured run, a vLLM run and a simulated run sit in one table;
 `--simulate` adds the simulator's prediction of the same run under `simulated` (serving_lab/bench_predict.py).
 
+The requests and their arrival gaps are serving_lab/bench_requests.py's, shared with the prediction.
+
 Tenants: a server with API keys knows a request's tenant by its key alone, so `--tenants a:3,b:1` shares the
 requests out among tenants in those proportions (interleaved, as a workload spec's `tenants=` mix) and
 `--api-key-file` (the server's own key file) gives each tenant's key; the result then has a row per tenant
@@ -27,9 +29,8 @@ import argparse
 import asyncio
 import json
 import math
-import random
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +38,14 @@ import httpx
 from tqdm import tqdm
 
 from ref_engine.core.metrics import latency_summary
-from ref_engine.core.workload import tenant_sequence
+from serving_lab.bench_requests import (
+    BenchRequest,
+    arrival_gaps,
+    assign_tenants,
+    load_prompts,
+    synthetic_requests,
+)
 from serving_lab.workload_spec import parse_tenant_mix
-
-
-@dataclass
-class BenchRequest:
-    prompt: str | list[int]
-    output_len: int
-    tenant: str | None = None  # sent with this tenant's API key (`--tenants`, `--api-key-file`)
 
 
 @dataclass
@@ -58,37 +58,6 @@ class RequestResult:
     latency: float = 0.0
     generated_text: str = ""
     error: str = ""
-
-
-def synthetic_requests(num_prompts: int, input_len: int, output_len: int, seed: int) -> list[BenchRequest]:
-    rng = random.Random(seed)
-    return [BenchRequest([rng.randrange(256) for _ in range(input_len)], output_len) for _ in range(num_prompts)]
-
-
-def load_prompts(path: str | Path, num_prompts: int | None) -> list[BenchRequest]:
-    """A JSONL file, one {"prompt": str or token ids, "output_len": int} per line."""
-    requests = []
-    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        if not isinstance(row, dict) or "prompt" not in row or not isinstance(row.get("output_len"), int):
-            raise ValueError(f"{path}:{i + 1}: expected {{\"prompt\": ..., \"output_len\": <int>}}")
-        requests.append(BenchRequest(row["prompt"], row["output_len"]))
-    return requests[:num_prompts]
-
-
-def arrival_gaps(num: int, request_rate: float, burstiness: float, seed: int) -> list[float]:
-    """Seconds before each request: gamma-distributed with mean 1/rate (shape `burstiness`), as vLLM's."""
-    if math.isinf(request_rate):
-        return [0.0] * num
-    rng = random.Random(seed)
-    return [rng.gammavariate(burstiness, 1 / (request_rate * burstiness)) for _ in range(num)]
-
-
-def assign_tenants(requests: list[BenchRequest], mix: dict[str, int]) -> list[BenchRequest]:
-    """The requests shared out among the tenants of `mix` (tenant -> share), as `Workload.with_tenant_mix`."""
-    return [replace(r, tenant=t) for r, t in zip(requests, tenant_sequence(len(requests), mix))]
 
 
 def tenant_keys(path: str | Path, tenants: list[str]) -> dict[str, str]:

@@ -31,7 +31,7 @@ the prefill's token as the first token, which moves the transfer out of TTFT int
 gap.) The decode-side request is the end-to-end request: it keeps the arrival time and first-scheduled
 time of the original, and counts the prefill side's preemptions and prefix-cache hits too. Both copies
 carry every field of the original (tenant, cache_salt, stop conditions, ...) except the serving state,
-which starts afresh on each replica (`SERVING_STATE`).
+which starts afresh on each replica (the fields `Request` declares `served`: `SERVING_STATE`).
 
 Simplifications, kept for clarity: the prefill replica frees its blocks when the prefill finishes (vLLM
 holds them until the decode side has pulled them), the KV waits in a staging buffer until the decode
@@ -57,7 +57,7 @@ import simpy
 
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import RunMetrics
-from ref_engine.core.request import Request
+from ref_engine.core.request import SERVING_STATE, Request
 from ref_engine.core.workload import Workload
 from ref_engine.model.arch_config import ArchConfig
 from sim.executor import SimulatedExecutor, feed_arrivals
@@ -109,16 +109,9 @@ def make_router(name: RouterName, block_size: int) -> Router:
 
 # ---- disaggregation: one request, two replicas ------------------------------------------------------
 
-# How far a replica has served a request, as opposed to what the request is: a copy for another replica
-# starts these afresh. Every other field is carried, so a field added to `Request` (an isolation key, a
-# stop condition) crosses disaggregation unless it is listed here.
-SERVING_STATE = frozenset({
-    "output_token_ids", "num_computed_tokens", "status", "num_preemptions", "num_cached_tokens", "block_hashes",
-    "first_scheduled_time", "first_token_time", "token_times", "finish_time", "spec_token_ids"})
-
-
 def _copy_for_replica(request: Request, **changes: Any) -> Request:
-    """`request` with its serving state reset to the defaults (fresh lists), then `changes` applied."""
+    """`request` with its serving state (the fields `Request` declares `served`: `SERVING_STATE`) reset to
+    the defaults (fresh lists), then `changes` applied; every `given` field is carried."""
     fresh = {f.name: f.default if f.default_factory is MISSING else f.default_factory()
              for f in fields(Request) if f.name in SERVING_STATE}
     return replace(request, **{**fresh, **changes})
@@ -176,7 +169,8 @@ class Cluster:
             raise ValueError(f"profile {hardware.name!r} has no network bandwidth for the KV link; "
                              "give kv_link_bandwidth")
         # Every replica is made from this one Simulator: model, hardware, config, cost model, pool size.
-        self.simulator = Simulator(model, hardware, config, dtype, tensor_parallel_size, num_kv_blocks)
+        self.simulator = Simulator(model, hardware, config, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
+                                   num_kv_blocks=num_kv_blocks)
         self.num_replicas = num_replicas
         self.num_prefill_replicas = num_prefill_replicas
         self.num_decode_replicas = num_decode_replicas

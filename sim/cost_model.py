@@ -21,9 +21,9 @@ i = 1..N with q_i new tokens and c_i context tokens, T = sum q_i tokens, R rows 
 FLOPs (multiply-add = 2 FLOPs)
     linear_flops    = 2 * P * T  +  2 * V * H * R
                       every token goes through every layer's matmuls; the lm_head runs only for the R rows
-                      that need logits (a mid-prompt prefill chunk needs none). This is
-                      2 * num_matmul_params * T when every token needs logits. RMSNorm weights are counted
-                      as matmul weights (a 0.01% overcount) to keep one parameter count.
+                      that need logits (a mid-prompt prefill chunk needs none): 2 * (P + V * H) * T
+                      when every token needs logits. RMSNorm weights are counted as matmul weights (a
+                      0.01% overcount) to keep one parameter count.
     attention_flops = sum_i 4 * L * nh * d * q_i * (c_i + (q_i + 1) / 2)
                       QK^T and PV are 2 * d FLOPs per (query, key) pair per head each; query j of the chunk
                       (j = 1..q) sees the c cached keys plus j keys of its own chunk (causal), so the chunk

@@ -36,7 +36,7 @@ lessons/05-speculative-decoding.md (simulated drafts).
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import simpy
 
@@ -45,9 +45,6 @@ from ref_engine.core.metrics import RunMetrics, StepRecord
 from ref_engine.core.request import Request
 from ref_engine.core.scheduler import Scheduler
 from sim.cost_model import BatchShape
-
-if TYPE_CHECKING:  # for annotations only: sim.spec_decode imports this module
-    from sim.spec_decode import SimulatedProposer
 
 # The token a simulated step "samples". Requests ignore EOS and have no stop tokens, so its value is moot.
 DUMMY_TOKEN_ID = 0
@@ -91,6 +88,17 @@ class StepTimer(Protocol):
     """How long one engine step takes: the only thing the simulator models rather than reproduces."""
 
     def step_time(self, output: SchedulerOutput) -> float: ...
+
+
+class Proposer(Protocol):
+    """Simulated speculation as the engine loop sees it: a `SimulatedProposer` (sim/spec_decode.py, which
+    imports this module, so the loop names only this protocol)."""
+
+    def verify(self, output: SchedulerOutput) -> StepResult:
+        """The tokens each row that needs logits gets after the step: accepted drafts + 1."""
+
+    def propose(self, scheduler: Scheduler) -> None:
+        """Give the scheduler drafts for its next step; called after `update_from_output`."""
 
 
 class ShapePricer(Protocol):
@@ -147,7 +155,7 @@ class SimulatedExecutor:
     """
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, step_timer: StepTimer,
-                 name: str = "engine", proposer: SimulatedProposer | None = None) -> None:
+                 name: str = "engine", proposer: Proposer | None = None) -> None:
         self.env = env
         self.proposer = proposer
         self.scheduler = scheduler

@@ -6,7 +6,8 @@ step timer prices a step. The run itself is the core scheduler inside a `Simulat
 (sim/executor.py), fed the workload's requests at their arrival times; the result is the same
 `RunMetrics` the real engine fills, so a notebook compares the two field by field.
 
-Defaults
+Everything beyond model, hardware and config is a `SimulatorOptions` field, passed to `Simulator` as a
+keyword. Defaults
 - model: SmolLM2-135M, the model the real engine runs in the lessons;
 - hardware: this machine's calibrated profile if serving_lab/calibrate.py has saved one, else the built-in CPU
   estimate, with a warning (`default_hardware`);
@@ -44,7 +45,8 @@ import gc
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import simpy
 
@@ -104,30 +106,47 @@ def num_kv_blocks_for(arch: ArchConfig, hardware: HardwareProfile, config: Engin
         model=arch.name)
 
 
+@dataclass(frozen=True)
+class SimulatorOptions:
+    """How one replica is deployed and timed, beyond its model, hardware and engine config (the module
+    docstring says what each default means). `Simulator(model, hardware, config, **options)` takes these
+    fields as keywords."""
+
+    dtype: str | None = None  # the weights' and activations' (None: a calibrated profile's, else bfloat16)
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    kv_cache_dtype: str | None = None  # None: `dtype`
+    num_kv_blocks: int | None = None  # None: the engine's rule (`num_kv_blocks_for`)
+    frontend_latency_s: float = 0.0  # a server's time per request before the engine sees it
+    step_timer: StepTimer | None = None  # None: the cost model's prices (`CostModelTimer`)
+    acceptance: AcceptanceModel | None = None  # simulated speculation (needs `config.speculative_method`)
+    draft_arch: ArchConfig | str | None = None  # the draft model's dims (None: from `speculative_model`)
+
+    def __post_init__(self) -> None:
+        if self.frontend_latency_s < 0:
+            raise ValueError(f"frontend_latency_s must be >= 0, got {self.frontend_latency_s}")
+
+
 class Simulator:
     """One simulated engine replica. Construction resolves names and sizes; `run` may be called many times
     (except with a `ReplayTimer`, which replays one run's step times)."""
 
     def __init__(self, model: ArchConfig | str | None = None, hardware: HardwareProfile | str | None = None,
-                 config: EngineConfig | None = None, dtype: str | None = None, tensor_parallel_size: int = 1,
-                 num_kv_blocks: int | None = None, step_timer: StepTimer | None = None,
-                 acceptance: AcceptanceModel | None = None, draft_arch: ArchConfig | str | None = None, *,
-                 kv_cache_dtype: str | None = None, pipeline_parallel_size: int = 1,
-                 frontend_latency_s: float = 0.0) -> None:
+                 config: EngineConfig | None = None, **options: Any) -> None:
+        """`options`: the fields of `SimulatorOptions` (an unknown name is a TypeError)."""
+        self.options = opts = SimulatorOptions(**options)
         self.arch = resolve_model(model)
         self.hardware = resolve_hardware(hardware)
         # max_model_len settled for this model (its max_position_embeddings when unset), as the engine does
         config = config if config is not None else EngineConfig()
         self.config = config.for_model(self.arch.max_position_embeddings)
         # a calibrated profile is only valid for the dtype it was measured in; datasheets assume bf16
-        dtype = dtype or self.hardware.provenance.get("dtype", "bfloat16")
+        dtype = opts.dtype or self.hardware.provenance.get("dtype", "bfloat16")
         self.dtype = dtype
-        self.tensor_parallel_size = tensor_parallel_size
-        self.pipeline_parallel_size = pipeline_parallel_size
-        self.kv_cache_dtype = kv_cache_dtype or dtype
-        if frontend_latency_s < 0:
-            raise ValueError(f"frontend_latency_s must be >= 0, got {frontend_latency_s}")
-        self.frontend_latency_s = frontend_latency_s
+        self.tensor_parallel_size = tensor_parallel_size = opts.tensor_parallel_size
+        self.pipeline_parallel_size = pipeline_parallel_size = opts.pipeline_parallel_size
+        self.kv_cache_dtype = opts.kv_cache_dtype or dtype
+        self.frontend_latency_s = opts.frontend_latency_s
         if pipeline_parallel_size == 1:
             self.cost_model: CostModel | PipelineCostModel = CostModel(
                 self.arch, self.hardware, dtype, tensor_parallel_size, block_size=self.config.block_size,
@@ -136,17 +155,18 @@ class Simulator:
             self.cost_model = PipelineCostModel(
                 self.arch, self.hardware, dtype, tensor_parallel_size, pipeline_parallel_size,
                 block_size=self.config.block_size, kv_cache_dtype=self.kv_cache_dtype)
-        self.num_kv_blocks = num_kv_blocks if num_kv_blocks is not None else num_kv_blocks_for(
+        self.num_kv_blocks = opts.num_kv_blocks if opts.num_kv_blocks is not None else num_kv_blocks_for(
             self.arch, self.hardware, self.config, dtype, tensor_parallel_size, kv_cache_dtype=self.kv_cache_dtype,
             pipeline_parallel_size=pipeline_parallel_size)
-        self.step_timer = step_timer if step_timer is not None else CostModelTimer(self.cost_model)
+        self.step_timer = opts.step_timer if opts.step_timer is not None else CostModelTimer(self.cost_model)
+        acceptance = opts.acceptance
         if (self.config.speculative_method is None) != (acceptance is None):
             raise ValueError("an acceptance model simulates speculative decoding, so it goes with "
                              f"speculative_method, and that needs one; got {self.config.speculative_method!r} "
                              f"and acceptance={acceptance!r}")
         self.acceptance = acceptance
         if self.config.speculative_method == "draft_model":
-            self.draft_arch = self._draft_arch(draft_arch)
+            self.draft_arch = self._draft_arch(opts.draft_arch)
             self.step_timer = DraftCostTimer(self.step_timer, CostModel(
                 self.draft_arch, self.hardware, dtype, tensor_parallel_size, block_size=self.config.block_size))
 

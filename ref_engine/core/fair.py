@@ -32,10 +32,9 @@ from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 
 from ref_engine.core.config import EngineConfig
-from ref_engine.core.interfaces import SchedulerOutput, StepResult
-from ref_engine.core.request import Request, RequestStatus
+from ref_engine.core.request import Request
 from ref_engine.core.request_queue import RequestQueue
-from ref_engine.core.scheduler import Scheduler, StepPlan
+from ref_engine.core.scheduler import Scheduler
 from ref_engine.core.scheduler_registry import register_scheduler
 
 
@@ -92,22 +91,24 @@ class FairRequestQueue(RequestQueue):
 
 @register_scheduler("fair", policy=True)
 class FairScheduler(Scheduler):
-    """Continuous batching that admits by virtual token counters and preempts the most-served tenant."""
+    """Continuous batching that admits by virtual token counters and preempts the most-served tenant: the
+    counters and counts follow each request through the scheduler's hooks."""
 
     def __init__(self, config: EngineConfig, num_kv_blocks: int, *, cache_namespace: str = "",
                  explain_misses: bool = False) -> None:
-        super().__init__(config, num_kv_blocks, cache_namespace=cache_namespace, explain_misses=explain_misses)
+        # Before the base's __init__, which builds the queue that reads them (`make_request_queue`).
         self.tenant_weights = dict(config.tenant_weights or ())
         self.virtual_counters: dict[str, float] = {}  # tenant (group_key) -> weighted tokens served
         self.num_running_by_group: Counter[str] = Counter()  # no zero entries, as the next
         self.num_unfinished_by_group: Counter[str] = Counter()
-        # The queue reads the counters above, so it is built here rather than by `request_queue_class`.
-        self.waiting = FairRequestQueue(self.virtual_counters, self.num_running_by_group)
+        super().__init__(config, num_kv_blocks, cache_namespace=cache_namespace, explain_misses=explain_misses)
 
-    def add_request(self, request: Request) -> None:
-        """Queue as usual; a tenant that had nothing unfinished is lifted first (no credit banked idle), and
-        idle tenants whose counters the lift would overtake anyway are forgotten."""
-        super().add_request(request)
+    def make_request_queue(self) -> FairRequestQueue:
+        return FairRequestQueue(self.virtual_counters, self.num_running_by_group)
+
+    def on_added(self, request: Request) -> None:
+        """A tenant that had nothing unfinished is lifted (no credit banked idle), and idle tenants whose
+        counters the lift would overtake anyway are forgotten."""
         tenant = request.group_key
         counters = self.virtual_counters
         if tenant not in self.num_unfinished_by_group:
@@ -118,15 +119,20 @@ class FairScheduler(Scheduler):
             counters[tenant] = max(counters.get(tenant, 0.0), floor)
         self.num_unfinished_by_group[tenant] += 1
 
-    def admit(self, request: Request, now: float, num_cached_tokens: int = 0) -> None:
-        """Admit as usual and charge the tenant the tokens it will now compute (its prompt, less the cache)."""
-        super().admit(request, now, num_cached_tokens)
+    def on_admitted(self, request: Request) -> None:
+        """Charge the tenant the tokens the request will now compute (its prompt, less the cache)."""
         self.num_running_by_group[request.group_key] += 1
         self._charge(request, request.num_tokens - request.num_computed_tokens)
 
-    def preempt(self, request: Request, plan: StepPlan) -> None:
-        super().preempt(request, plan)
+    def on_computed(self, request: Request, num_new_tokens: int) -> None:
+        """Charge the tenant the output tokens the request got."""
+        self._charge(request, num_new_tokens)
+
+    def on_left_running(self, request: Request) -> None:
         _decrement(self.num_running_by_group, request.group_key)
+
+    def on_released(self, request: Request) -> None:
+        _decrement(self.num_unfinished_by_group, request.group_key)
 
     def select_victim(self, candidates: Sequence[Request]) -> Request:
         """The most recently admitted request of the most-served tenant among `candidates`."""
@@ -134,47 +140,9 @@ class FairScheduler(Scheduler):
         most = max(counters[r.group_key] for r in candidates)
         return next(r for r in reversed(candidates) if counters[r.group_key] == most)
 
-    def update_from_output(self, output: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
-        """Update as usual, charging each tenant the output tokens its requests got."""
-        served = [(r, r.num_output_tokens) for s in output.scheduled if (r := self.requests.get(s.request_id))]
-        finished = super().update_from_output(output, result, now)
-        for request, before in served:
-            self._charge(request, request.num_output_tokens - before)
-        for request in finished:
-            self._forget(request, was_running=True)
-        return finished
-
-    def finish_request(self, request_id: str, status: RequestStatus, now: float, *,
-                       num_output_tokens: int | None = None) -> Request | None:
-        request = self.requests.get(request_id)
-        was_running = request is not None and request.status is RequestStatus.RUNNING
-        request = super().finish_request(request_id, status, now, num_output_tokens=num_output_tokens)
-        if request is not None:
-            self._forget(request, was_running)
-        return request
-
-    def add_remote_prefilled_request(self, request: Request, num_external_tokens: int,
-                                     now: float) -> list[int] | None:
-        """As the base (admitted and charged like any request); one it refuses or rejects leaves the
-        tenant's count of unfinished requests as it was."""
-        tenant = request.group_key
-        before = self.num_unfinished_by_group[tenant]
-        try:
-            return super().add_remote_prefilled_request(request, num_external_tokens, now)
-        finally:
-            if self.requests.get(request.request_id) is not request:
-                self.num_unfinished_by_group[tenant] = before
-                if not before:
-                    del self.num_unfinished_by_group[tenant]
-
     def _charge(self, request: Request, num_tokens: int) -> None:
         tenant = request.group_key
         self.virtual_counters[tenant] += num_tokens / self.tenant_weights.get(tenant, 1.0)
-
-    def _forget(self, request: Request, was_running: bool) -> None:
-        _decrement(self.num_unfinished_by_group, request.group_key)
-        if was_running:
-            _decrement(self.num_running_by_group, request.group_key)
 
 
 def _decrement(counts: Counter[str], tenant: str) -> None:

@@ -20,12 +20,9 @@ Lesson: lessons/03-chunked-prefill-and-disaggregation.md#priority.
 from __future__ import annotations
 
 import bisect
-import heapq
-import itertools
-from collections.abc import Iterator
 
 from ref_engine.core.request import Request
-from ref_engine.core.request_queue import RequestQueue
+from ref_engine.core.request_queue import KeyedRequestQueue
 from ref_engine.core.scheduler import Scheduler
 from ref_engine.core.scheduler_registry import register_scheduler
 
@@ -35,39 +32,12 @@ def priority_key(request: Request) -> tuple[int, float]:
     return request.priority, request.arrival_time
 
 
-class PriorityRequestQueue(RequestQueue):
+class PriorityRequestQueue(KeyedRequestQueue):
     """Waiting requests in `priority_key` order, ties by the order they were queued; a request put back
     (preempted, or passed over at its tenant's cap) goes ahead of its ties, as at the head of a deque."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, float, int, Request]] = []
-        self._order = itertools.count()  # the last tie-break: never compare two Requests
-        self._put_back_order = itertools.count(-1, -1)  # below every added one, the latest put back first
-
-    def add_request(self, request: Request) -> None:
-        heapq.heappush(self._heap, (*priority_key(request), next(self._order), request))
-
-    def prepend_request(self, request: Request) -> None:
-        heapq.heappush(self._heap, (*priority_key(request), next(self._put_back_order), request))
-
-    def peek_request(self) -> Request:
-        return self._heap[0][-1]
-
-    def pop_request(self) -> Request:
-        return heapq.heappop(self._heap)[-1]
-
-    def remove_request(self, request: Request) -> None:
-        entries = [entry for entry in self._heap if entry[-1] is not request]
-        if len(entries) == len(self._heap):
-            raise ValueError(f"request {request.request_id!r} is not queued")
-        self._heap = entries
-        heapq.heapify(self._heap)
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def __iter__(self) -> Iterator[Request]:
-        return (entry[-1] for entry in sorted(self._heap, key=lambda entry: entry[:3]))
+        super().__init__(priority_key)
 
 
 @register_scheduler("priority", policy=True)
@@ -76,8 +46,7 @@ class PriorityScheduler(Scheduler):
 
     request_queue_class = PriorityRequestQueue
 
-    def admit(self, request: Request, now: float, num_cached_tokens: int = 0) -> None:
-        """Admit as usual, then file the request in the running list by `priority_key`."""
-        super().admit(request, now, num_cached_tokens)
+    def on_admitted(self, request: Request) -> None:
+        """File the request, just appended to the running list, in its place by `priority_key`."""
         self.running.pop()
         bisect.insort_right(self.running, request, key=priority_key)

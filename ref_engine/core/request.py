@@ -8,6 +8,10 @@ recompute just sets it back to 0: the generated tokens are kept and recomputed a
 `spec_token_ids` are a proposer's guesses at the next tokens (lesson 5). They are not part of the sequence:
 the next step runs them after the last known token, and only those the verifier accepts become output.
 
+Each field is `given` (what the request is: the sender's prompt, limits, tenant, ...) or `served` (how far
+one replica has served it: `SERVING_STATE`), so a copy of the request for another replica (disaggregated
+prefill and decode, sim/cluster.py) knows what to carry and what to start afresh.
+
 Timestamps are plain floats of whatever clock the caller uses: wall-clock seconds in the engine, SimPy
 time in the simulator, so `metrics.py` computes TTFT and ITL the same way for both.
 
@@ -17,7 +21,7 @@ Lesson: lessons/01-continuous-batching.md (a request's life); lessons/05-specula
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -50,36 +54,51 @@ DEFAULT_TENANT = "default"  # the tenant of requests that name none, wherever te
 _FIRST_FINISHED = int(RequestStatus.FINISHED_STOPPED)
 
 
+def given(**kwargs: Any) -> Any:
+    """A field of what the request is (its sender's words): a copy for another replica carries it."""
+    return field(metadata={"serving_state": False}, **kwargs)
+
+
+def served(**kwargs: Any) -> Any:
+    """A field of how far one replica has served the request: a copy for another replica starts it afresh
+    (disaggregation, sim/cluster.py)."""
+    return field(metadata={"serving_state": True}, **kwargs)
+
+
 @dataclass(eq=False)
 class Request:
-    """A sequence to serve. `sampling_params` is opaque to the core: only the engine's sampler reads it."""
+    """A sequence to serve. `sampling_params` is opaque to the core: only the engine's sampler reads it.
+    Every field is `given` (what the request is) or `served` (how far a replica got): `SERVING_STATE`."""
 
-    request_id: str
-    prompt_token_ids: list[int]
-    max_tokens: int
-    arrival_time: float = 0.0
-    eos_token_ids: frozenset[int] = frozenset()
-    stop_token_ids: frozenset[int] = frozenset()
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    tenant: str | None = None  # who sent it, as authenticated: isolates the prefix cache; tenant caps count it
-    cache_salt: str | None = None  # with the tenant, the prefix-cache isolation key
-    user: str | None = None  # a label the client chose: groups requests for the fair policy, isolates nothing
-    priority: int = 0  # scheduling_policy="priority": lower runs first, as in vLLM
-    sampling_params: Any = None
+    request_id: str = given()
+    prompt_token_ids: list[int] = given()
+    max_tokens: int = given()
+    arrival_time: float = given(default=0.0)
+    eos_token_ids: frozenset[int] = given(default=frozenset())
+    stop_token_ids: frozenset[int] = given(default=frozenset())
+    ignore_eos: bool = given(default=False)
+    min_tokens: int = given(default=0)
+    tenant: str | None = given(default=None)  # who sent it, as authenticated: isolates the prefix cache,
+    # and tenant caps count it
+    cache_salt: str | None = given(default=None)  # with the tenant, the prefix-cache isolation key
+    user: str | None = given(default=None)  # a label the client chose: groups requests for the fair policy,
+    # isolates nothing
+    priority: int = given(default=0)  # scheduling_policy="priority": lower runs first, as in vLLM
+    sampling_params: Any = given(default=None)
 
-    output_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0
-    status: RequestStatus = RequestStatus.WAITING
-    num_preemptions: int = 0
-    num_cached_tokens: int | None = None  # prompt tokens served by the prefix cache (set when first scheduled)
-    block_hashes: list[bytes] = field(default_factory=list, repr=False)  # hash chain of full blocks
+    output_token_ids: list[int] = served(default_factory=list)
+    num_computed_tokens: int = served(default=0)
+    status: RequestStatus = served(default=RequestStatus.WAITING)
+    num_preemptions: int = served(default=0)
+    num_cached_tokens: int | None = served(default=None)  # prompt tokens the prefix cache served (set when
+    # first scheduled)
+    block_hashes: list[bytes] = served(default_factory=list, repr=False)  # hash chain of full blocks
 
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    token_times: list[float] = field(default_factory=list)  # when each output token was produced
-    finish_time: float | None = None
-    spec_token_ids: list[int] = field(default_factory=list)  # draft tokens for the next step (lesson 5)
+    first_scheduled_time: float | None = served(default=None)
+    first_token_time: float | None = served(default=None)
+    token_times: list[float] = served(default_factory=list)  # when each output token was produced
+    finish_time: float | None = served(default=None)
+    spec_token_ids: list[int] = served(default_factory=list)  # draft tokens for the next step (lesson 5)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -149,6 +168,10 @@ class Request:
             self.status = RequestStatus.FINISHED_LENGTH
             return True
         return False
+
+
+# The `served` fields: how far a replica has served a request, as opposed to what the request is.
+SERVING_STATE = frozenset(f.name for f in fields(Request) if f.metadata.get("serving_state"))
 
 
 def is_utf8_text(value: object) -> bool:

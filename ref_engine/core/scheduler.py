@@ -30,9 +30,17 @@ A scheduling policy is a subclass that overrides some of these parts (the queue'
 a phase spends the budget) and registers under a name with `@register_scheduler`
 (ref_engine/core/scheduler_registry.py); `EngineConfig(scheduling=name)` then selects it, in the engine
 and in the simulator alike. The scheduling policies of continuous batching ("fcfs", which is this class,
-"priority", "fair") are such subclasses too, selected by `EngineConfig(scheduling_policy=name)`. `StaticScheduler`, the baseline lesson 1 contrasts, is one: it forms a batch,
-reserves each member's whole prompt + max_tokens up front, and admits nobody until every member has
-finished.
+"priority", "fair") are such subclasses too, selected by `EngineConfig(scheduling_policy=name)`.
+`StaticScheduler`, the baseline lesson 1 contrasts, is one: it forms a batch, reserves each member's whole
+prompt + max_tokens up front, and admits nobody until every member has finished.
+
+A policy that keeps state of its own (counters, an order of the running list) follows a request's life
+through hooks, which do nothing here and which the base calls as it moves the request: `on_added`
+(accepted, just before it is queued), `on_admitted` (waiting -> running), `on_computed` (a step appended
+output tokens), `on_left_running` (preempted, or finished while running) and `on_released` (finished or
+aborted: gone). Its waiting queue comes from `make_request_queue`. So a policy never overrides `schedule`
+or the methods callers use (`add_request`, `update_from_output`, `finish_request`, ...), and every way in
+or out of the scheduler reaches its hooks.
 
 Speculative decoding (lesson 5) is the same rule with a longer N: a decoding request that carries
 `spec_token_ids` (set by `update_draft_token_ids`, vLLM's name, after the step's update) gets its next
@@ -113,7 +121,7 @@ class Scheduler:
             allocation=config.kv_allocation, max_model_len=config.max_model_len,
             enable_caching=config.enable_prefix_caching, cache_namespace=cache_namespace,
             explain_misses=explain_misses)
-        self.waiting: RequestQueue = self.request_queue_class()
+        self.waiting: RequestQueue = self.make_request_queue()
         self.running: list[Request] = []  # in admission order
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self.tenant_max_num_seqs = dict(config.tenant_max_num_seqs or ())
@@ -128,6 +136,14 @@ class Scheduler:
 
         `max_tokens` is cut so that prompt + output fit `max_model_len`, as vLLM does.
         """
+        self._check_request(request)
+        self.requests[request.request_id] = request
+        self.on_added(request)
+        self.waiting.add_request(request)
+
+    def _check_request(self, request: Request) -> None:
+        """Refuse (ValueError) a request that could never run here; else cap its `max_tokens` and hash its
+        prompt. Changes nothing else, so a refused request leaves no trace."""
         cfg = self.config
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
@@ -145,8 +161,6 @@ class Scheduler:
                 f"has {pool}; raise num_kv_blocks / kv_cache_memory or lower max_tokens")
         if cfg.enable_prefix_caching:
             self.kv_cache_manager.block_hashes(request)  # the prompt's hash chain, once, before any step
-        self.requests[request.request_id] = request
-        self.waiting.add_request(request)
 
     def add_remote_prefilled_request(self, request: Request, num_external_tokens: int,
                                      now: float) -> list[int] | None:
@@ -158,19 +172,18 @@ class Scheduler:
         `max_num_seqs` run, or too few blocks are free): try again after a step. Holding blocks only once
         running means no waiting request ever sits on blocks the running ones need. A request that could
         never run raises ValueError, as in `add_request`."""
+        self._check_request(request)
+        if not (0 <= num_external_tokens < request.num_prompt_tokens):
+            raise ValueError(f"request {request.request_id!r}: {num_external_tokens} external tokens for a "
+                             f"prompt of {request.num_prompt_tokens} (at most all but the last)")
         # len(), not truth: a fair queue is falsy while all its backlogged tenants are at their caps, and
         # a remote request must not overtake them
         can_admit = (len(self.waiting) == 0 and len(self.running) < self.config.max_num_seqs
                      and not self.at_tenant_cap(request))
-        self.add_request(request)  # validates and caps max_tokens
-        self.waiting.remove_request(request)
-        if not (0 <= num_external_tokens < request.num_prompt_tokens):
-            del self.requests[request.request_id]
-            raise ValueError(f"request {request.request_id!r}: {num_external_tokens} external tokens for a "
-                             f"prompt of {request.num_prompt_tokens} (at most all but the last)")
         if not can_admit or self.kv_cache_manager.allocate_slots(request, request.num_prompt_tokens) is None:
-            del self.requests[request.request_id]
             return None
+        self.requests[request.request_id] = request
+        self.on_added(request)
         request.num_computed_tokens = num_external_tokens
         self.admit(request, now)
         return self.kv_cache_manager.get_block_ids(request.request_id)
@@ -360,6 +373,7 @@ class Scheduler:
         self.num_running_by_tenant[request.tenant_key] += 1
         if request.first_scheduled_time is None:
             request.first_scheduled_time = now
+        self.on_admitted(request)
 
     def preempt(self, request: Request, plan: StepPlan) -> None:
         """Take a running request off the device and put it back at the head of the waiting queue: swapped
@@ -399,10 +413,12 @@ class Scheduler:
                 token_ids = sampled[scheduled.request_id]
                 # Roll back over the rejected drafts: only the accepted ones' K/V follows the right tokens.
                 num_computed -= scheduled.num_draft_tokens + 1 - len(token_ids)
+                num_output_before = len(request.output_token_ids)
                 for token_id in token_ids:
                     if request.append_output_token(token_id, now):
                         is_done = True
                         break
+                self.on_computed(request, len(request.output_token_ids) - num_output_before)
             request.num_computed_tokens = num_computed
             if caching and num_computed // block_size > computed_before // block_size:
                 kv.cache_full_blocks(request)  # this step completed a block: register it for later requests
@@ -441,6 +457,31 @@ class Scheduler:
             if request is not None:
                 request.spec_token_ids = token_ids
 
+    # ---- a policy's hooks: each does nothing here ----
+
+    def make_request_queue(self) -> RequestQueue:
+        """The waiting queue, built once in `__init__`: `request_queue_class()`. A policy whose queue reads
+        the policy's own state overrides this (that state must exist before `Scheduler.__init__` runs)."""
+        return self.request_queue_class()
+
+    def on_added(self, request: Request) -> None:
+        """`request` was accepted and is unfinished from now on. Called before it is queued (or, a remote
+        prefill, admitted), so the queue may read what this hook records; a refused request never gets here."""
+
+    def on_admitted(self, request: Request) -> None:
+        """`request` moved from waiting to running (appended to `running`) with its KV blocks."""
+
+    def on_computed(self, request: Request, num_new_tokens: int) -> None:
+        """A step appended `num_new_tokens` output tokens to `request` (its sampled token and the drafts the
+        verifier accepted; fewer if it finished on one). Prefill chunks that sample nothing are not reported."""
+
+    def on_left_running(self, request: Request) -> None:
+        """`request` left the running list: preempted (back to waiting), or finished or aborted while running
+        (then `on_released` follows)."""
+
+    def on_released(self, request: Request) -> None:
+        """`request` is gone: finished or aborted, its blocks freed."""
+
     # ---- helpers ----
 
     def leave_running(self, request: Request) -> None:
@@ -450,11 +491,13 @@ class Scheduler:
         counts[tenant] -= 1
         if not counts[tenant]:
             del counts[tenant]  # tenants come and go: keep only those running
+        self.on_left_running(request)
 
     def _release(self, request: Request, now: float) -> None:
         self.kv_cache_manager.free(request.request_id)
         del self.requests[request.request_id]
         request.finish_time = now
+        self.on_released(request)
 
     def _make_output(self, plan: StepPlan, proposed: dict[str, int]) -> SchedulerOutput:
         kv = self.kv_cache_manager

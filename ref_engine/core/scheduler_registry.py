@@ -10,7 +10,8 @@ knob value with no edit to the core. The two knobs are two tables of that one re
   batching, who is admitted first and whom preemption picks. The core registers "fcfs" (the continuous
   scheduler itself), "priority" (ref_engine/core/priority.py) and "fair" (ref_engine/core/fair.py). A policy
   is a subclass of the continuous scheduler; `make_scheduler` builds it when `scheduling="continuous"`.
-This module imports nothing, so the config can validate against the tables without importing the schedulers.
+This module imports nothing (not even `Scheduler`, for its annotations), so the config can validate names
+against the tables and the scheduler can register into them without an import circle.
 
 Lesson: lessons/01-continuous-batching.md (continuous and static batching); scheduling policies in
 lessons/03-chunked-prefill-and-disaggregation.md#priority.
@@ -19,15 +20,12 @@ lessons/03-chunked-prefill-and-disaggregation.md#priority.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-if TYPE_CHECKING:
-    from ref_engine.core.scheduler import Scheduler
+SchedulerT = TypeVar("SchedulerT", bound=type)  # a `Scheduler` subclass
 
-SchedulerT = TypeVar("SchedulerT", bound="type[Scheduler]")
-
-SCHEDULERS: dict[str, type[Scheduler]] = {}  # `scheduling`, in registration order; the core's two come first
-SCHEDULING_POLICIES: dict[str, type[Scheduler]] = {}  # `scheduling_policy`; "fcfs" first
+SCHEDULERS: dict[str, type] = {}  # `scheduling` -> Scheduler subclass, in registration order; the core's two first
+SCHEDULING_POLICIES: dict[str, type] = {}  # `scheduling_policy` -> Scheduler subclass; "fcfs" first
 
 
 def register_scheduler(name: str, *, policy: bool = False) -> Callable[[SchedulerT], SchedulerT]:

@@ -87,11 +87,6 @@ class ArchConfig:
         lm_head = 0 if self.tie_word_embeddings else embed
         return embed + lm_head + self.num_layers * self.params_per_layer + self.hidden_size
 
-    @property
-    def num_matmul_params(self) -> int:
-        """Weights multiplied by every token (layers + lm_head); the embedding lookup is a gather."""
-        return self.num_layers * self.params_per_layer + self.vocab_size * self.hidden_size
-
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """K and V for one token across all layers: 2 * layers * kv_heads * head_dim * bytes."""
         return 2 * self.num_layers * self.kv_size * dtype_bytes

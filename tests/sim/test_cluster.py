@@ -10,8 +10,9 @@ import random
 import pytest
 
 from ref_engine.core import EngineConfig, Exponential, Request, RequestStatus, Workload, WorkloadRequest
+from ref_engine.core.request import SERVING_STATE
 from sim import Cluster, Simulator
-from sim.cluster import SERVING_STATE, decode_request, prefill_request
+from sim.cluster import decode_request, prefill_request
 from sim.cost_model import BatchShape
 
 GPU = dict(model="llama-3.1-8b", hardware="h100-sxm")

@@ -25,7 +25,7 @@ from sim import Simulator
 from sim.cost_model import kv_cache_num_blocks
 from sim.executor import ReplayTimer
 from sim.hardware import HardwareProfile
-from sim.simulator import num_kv_blocks_for
+from sim.simulator import SimulatorOptions, num_kv_blocks_for
 
 SMALL = dict(model="smollm2-135m", hardware="local-cpu")
 
@@ -316,6 +316,16 @@ def test_frontend_latency_adds_to_ttft_only():
     served = Simulator(TINY, _toy(100_000), config, frontend_latency_s=0.05).run(workload)
     assert served.mean_ttft_ms == pytest.approx(plain.mean_ttft_ms + 50)
     assert served.mean_itl_ms == pytest.approx(plain.mean_itl_ms)
+
+
+def test_options_beyond_model_hardware_and_config_are_one_dataclass():
+    simulator = Simulator(TINY, _toy(100_000), EngineConfig(num_kv_blocks=64), tensor_parallel_size=2,
+                          frontend_latency_s=0.01)
+    assert simulator.options == SimulatorOptions(tensor_parallel_size=2, frontend_latency_s=0.01)
+    with pytest.raises(TypeError, match="tensor_parallel"):
+        Simulator(TINY, _toy(100_000), tensor_parallel=2)
+    with pytest.raises(ValueError, match="frontend_latency_s"):
+        SimulatorOptions(frontend_latency_s=-1.0)
 
 
 def test_a_concurrency_cap_keeps_at_most_n_requests_running_or_waiting():
