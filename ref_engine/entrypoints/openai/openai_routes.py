@@ -55,10 +55,14 @@ async def with_cancellation(request: Request, work: Awaitable[dict[str, Any] | A
     return StreamingResponse(body, media_type="text/event-stream")
 
 
-def trace_arrival(state: ServerState, request: Request) -> None:
-    """With --trace-requests: when the request's first bytes reached the server (the middleware's time)."""
+def start_generation(state: ServerState, request: Request) -> str | None:
+    """What a generating route does before its work, in this order: a 503 unless the server is ready; with
+    --trace-requests, the request's arrival (when its first bytes reached the middleware); the caller's
+    tenant, returned (a 401 without a valid key)."""
+    state.check_ready()
     if state.engine.tracer is not None:
         state.engine.tracer.record(request.state.request_id, "arrived", at=request.state.arrival_time)
+    return state.tenant_of(request)
 
 
 @router.get("/v1/models")
@@ -73,19 +77,15 @@ async def models(request: Request, state: State) -> dict[str, Any]:
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, state: State) -> Response:
-    state.check_ready()
-    trace_arrival(state, request)
-    work = state.completion.create_completion(body, request.state.request_id, state.tenant_of(request),
-                                              request.state.arrival_time)
+    tenant = start_generation(state, request)
+    work = state.completion.create_completion(body, request.state.request_id, tenant, request.state.arrival_time)
     return await with_cancellation(request, work)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State) -> Response:
-    state.check_ready()
-    trace_arrival(state, request)
-    work = state.chat.create_chat_completion(body, request.state.request_id, state.tenant_of(request),
-                                             request.state.arrival_time)
+    tenant = start_generation(state, request)
+    work = state.chat.create_chat_completion(body, request.state.request_id, tenant, request.state.arrival_time)
     return await with_cancellation(request, work)
 
 
