@@ -1,5 +1,7 @@
-"""The OpenAI-compatible HTTP server (FastAPI + uvicorn, as vLLM's `api_server.py`): routes, API keys,
-errors in OpenAI's schema, X-Request-Id, the body-size cap, startup and shutdown.
+"""The OpenAI-compatible HTTP server (FastAPI + uvicorn, as vLLM's `api_server.py`): `build_app` puts the
+routers (openai_routes.py, ops_routes.py) over a typed `ServerState` (server_state.py), with the exception
+handlers (errors.py) and the request-id middleware (middleware.py); the lifespan, the drain
+(`DrainingServer`) and `serving-lab serve` (`build_server`, `run_server`) are here.
 
 The server listens at once and starts the engine core in the background: until the model is loaded every
 route but /health's liveness answers 503, so a load balancer can wait on GET /health; `serving-lab serve`
@@ -80,8 +82,9 @@ def build_app(engine: AsyncLLM, *, served_model_name: str | None = None,
     built `engine`). `allow_streaming=False` answers `stream=true` with a 400 (a manifest's `api.stream:
     false`). The routes read a `ServerState` on `app.state.server` (server_state.py), whose `fatal` says
     why the server cannot serve any more, for `DrainingServer` to exit on."""
-    state = ServerState(engine, Admission(max_pending_requests, tenants), api_keys, served_model_name,
-                        chat_template, allow_streaming, max_logprobs)
+    state = ServerState(engine, Admission(max_pending_requests, tenants), api_keys=api_keys,
+                        served_model_name=served_model_name, chat_template=chat_template,
+                        allow_streaming=allow_streaming, max_logprobs=max_logprobs)
     app = FastAPI(title="serving-lab", lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     app.state.server = state
     app.include_router(ops_routes.router)

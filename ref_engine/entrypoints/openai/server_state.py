@@ -62,9 +62,9 @@ class ServerState:
         if self.chat_template is not None:
             self.engine.tokenizer.chat_template = self.chat_template
         name = self.served_model_name or self.engine.model_name
-        options = (self.admission, self.allow_streaming, self.max_logprobs)
-        self.completion = OpenAIServingCompletion(self.engine, name, *options)
-        self.chat = OpenAIServingChat(self.engine, name, *options)
+        self.completion = OpenAIServingCompletion(self.engine, name, self.admission, self.allow_streaming,
+                                                  self.max_logprobs)
+        self.chat = OpenAIServingChat(self.engine, name, self.admission, self.allow_streaming, self.max_logprobs)
         self.ready = True
 
     def check_ready(self) -> None:
