@@ -1,5 +1,6 @@
 """`serving-lab`: the command line (pull the default model, generate, serve, bench serve, run the demo,
-calibrate, manifest, simulate, sweep, report).
+calibrate, manifest, simulate, sweep, report). Each command is a function `_<command>` with its parser's
+`add_<command>_parser` beside it; `build_parser` composes them.
 
 Lesson: lessons/00-orientation.md (how to run).
 """
