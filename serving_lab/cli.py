@@ -1,5 +1,6 @@
 """`serving-lab`: the command line (pull the default model, generate, serve, bench serve, run the demo,
-calibrate, manifest, simulate, sweep, report).
+calibrate, manifest, simulate, sweep, report). Each command is a function `_<command>` with its parser's
+`add_<command>_parser` beside it; `build_parser` composes them.
 
 Lesson: lessons/00-orientation.md (how to run).
 """
@@ -16,12 +17,20 @@ if TYPE_CHECKING:
     from ref_engine.core.config import EngineConfig
     from ref_engine.core.metrics import RunMetrics
 
+    # what `add_subparsers` returns: each `add_<command>_parser` adds its command to it
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
 
 def _pull(args: argparse.Namespace) -> None:
     # Each command imports only what it runs, so `serving-lab pull` and `--help` start without torch.
     from ref_engine.model.store import default_model_path
 
     print(default_model_path())
+
+
+def add_pull_parser(subparsers: Subparsers) -> None:
+    p = subparsers.add_parser("pull", help="download the default SmolLM2-135M-Instruct GGUF into the cache")
+    p.set_defaults(func=_pull)
 
 
 def _generate(args: argparse.Namespace) -> None:
@@ -55,6 +64,24 @@ def _generate(args: argparse.Namespace) -> None:
                 bar.update(len(delta.outputs[0].token_ids))
     for prompt, text in zip(args.prompts, texts.values()):
         print(f"### {prompt}\n{text}\n")
+
+
+def add_generate_parser(subparsers: Subparsers) -> None:
+    p = subparsers.add_parser("generate", help="generate text with the reference engine")
+    p.add_argument("prompts", nargs="+")
+    p.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
+                   help="int8: W8A8 weights and activations (faster on x86 CPUs; quality in benchmarks/RESULTS.md)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
+                   help="what the KV cache stores K/V in (auto: the model's dtype)")
+    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the model eagerly (the default); --no-enforce-eager compiles it with torch.compile")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--no-chat", dest="chat", action="store_false", help="send the raw prompt, no chat template")
+    p.set_defaults(func=_generate)
 
 
 def _serve(args: argparse.Namespace) -> None:
@@ -95,16 +122,48 @@ def serve_config(args: argparse.Namespace) -> EngineConfig | None:
                                           .max_position_embeddings)
 
 
+def add_serve_parser(subparsers: Subparsers) -> None:
+    from ref_engine.entrypoints.openai.cli_args import add_serve_args
+
+    p = subparsers.add_parser("serve", help="an OpenAI-compatible HTTP server (streaming, /metrics) on the engine")
+    add_serve_args(p)
+    # --model too (vLLM's `vllm serve` takes both), beside the positional MODEL: the flag the manifest's
+    # engine.model override is named by
+    _add_override_flags(p, skip=tuple(knob for knob in SERVE_KNOBS if knob != "model"))
+    p.set_defaults(func=_serve)
+
+
 def _bench_serve(args: argparse.Namespace) -> None:
     from serving_lab.bench_serve import main as bench_serve_main
 
     bench_serve_main(args)
 
 
+def add_bench_parser(subparsers: Subparsers) -> None:
+    from serving_lab.bench_predict import add_predict_args
+    from serving_lab.bench_serve import add_bench_serve_args
+
+    p = subparsers.add_parser("bench", help="benchmarks: `bench serve` loads an OpenAI-compatible server")
+    bench = p.add_subparsers(dest="bench_command", required=True)
+    p = bench.add_parser("serve", help="send a workload to a server and measure TTFT, ITL, TPOT, throughput")
+    add_bench_serve_args(p)
+    add_predict_args(p)
+    p.set_defaults(func=_bench_serve)
+
+
 def _calibrate(args: argparse.Namespace) -> None:
     from serving_lab.calibrate import calibrate
 
     calibrate(args.model, dtype=args.dtype, quantization=args.quantization)
+
+
+def add_calibrate_parser(subparsers: Subparsers) -> None:
+    p = subparsers.add_parser("calibrate", help="measure this machine with the engine and save its simulator profile")
+    p.add_argument("--model", default=None)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--quantization", default=None, choices=["int8"],
+                   help="measure the int8 engine (W8A8) and save its profile, whose rates the simulator prices as int8")
+    p.set_defaults(func=_calibrate)
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -122,6 +181,22 @@ def _demo(args: argparse.Namespace) -> None:
         from serving_lab.demos.common import DemoContext, run_demo
 
         run_demo(DEMOS[args.lesson], DemoContext(fast=args.fast, model_path=args.model, hardware=args.hardware), args.out)
+
+
+def add_demo_parser(subparsers: Subparsers) -> None:
+    from serving_lab.demos import DEMOS
+
+    p = subparsers.add_parser("demo", help="the course demo, or one lesson's: engine and simulator side by side")
+    p.add_argument("lesson", nargs="?", choices=list(DEMOS), metavar="LESSON",
+                   help=f"one lesson's demo: {', '.join(DEMOS)} (--list says what each shows; none: the overview)")
+    p.add_argument("--list", action="store_true", help="list the lessons' demos")
+    p.add_argument("--fast", action="store_true", help="tiny sizes, seconds: a smoke test, not a measurement")
+    p.add_argument("--model", default=None)
+    p.add_argument("--hardware", default=None,
+                   help="the simulator's profile of this machine (default: its calibration, measured once)")
+    p.add_argument("--out", default=None,
+                   help="folder for the report and plot (default: reports/demo, a lesson's reports/demo/LESSON)")
+    p.set_defaults(func=_demo)
 
 
 # `serve`'s own flags that also override a manifest key (ref_engine/entrypoints/openai/cli_args.py): they
@@ -157,6 +232,15 @@ def _manifest(args: argparse.Namespace) -> None:
     from serving_lab.vllm_command import vllm_serve_command
 
     print(vllm_serve_command(load_manifest(args.to_vllm, _overrides(args))))
+
+
+def add_manifest_parser(subparsers: Subparsers) -> None:
+    p = subparsers.add_parser("manifest",
+                              help="translate a deployment manifest (e.g. serving_lab/manifests/smollm2.yaml)")
+    p.add_argument("--to-vllm", metavar="MANIFEST", required=True,
+                   help="print the `vllm serve` command line that runs the same deployment")
+    _add_override_flags(p)
+    p.set_defaults(func=_manifest)
 
 
 def _simulate(args: argparse.Namespace) -> None:
@@ -222,6 +306,21 @@ def _tenant_lines(run: RunMetrics, config: EngineConfig, fairness: str) -> list[
     return lines
 
 
+def add_simulate_parser(subparsers: Subparsers) -> None:
+    from serving_lab.workload_spec import WORKLOAD_SPEC
+
+    p = subparsers.add_parser("simulate", help="run a deployment manifest on a workload in the simulator")
+    p.add_argument("--config", metavar="MANIFEST", required=True, help="the deployment manifest (YAML)")
+    p.add_argument("--workload", metavar="SPEC", required=True, help=f"{WORKLOAD_SPEC}, e.g. synthetic:64:128:64:8")
+    p.add_argument("--hardware", default=None, help="a hardware profile: h100-sxm, a100-80gb-sxm, h200, l40s, b200, "
+                   "local-cpu or a calibrated one (default: this machine's calibration, else local-cpu)")
+    p.add_argument("--acceptance-rate", type=float, default=None,
+                   help="with speculative decoding: the chance each draft token is accepted (without it the "
+                   "drafts are left out of the price, and the output says so)")
+    _add_override_flags(p)
+    p.set_defaults(func=_simulate)
+
+
 def _sweep(args: argparse.Namespace) -> None:
     from serving_lab.experiments.common import format_table
     from serving_lab.manifest import load_manifest
@@ -247,6 +346,28 @@ def _sweep(args: argparse.Namespace) -> None:
         print(f"\ntable: {args.out}/sweep.csv, {args.out}/sweep.json")
 
 
+def add_sweep_parser(subparsers: Subparsers) -> None:
+    from serving_lab.workload_spec import WORKLOAD_SPEC
+
+    p = subparsers.add_parser("sweep", help="a grid of knobs through the simulator (a few points on the engine): "
+                              "the Pareto front and the simulator's rank agreement")
+    p.add_argument("--config", metavar="MANIFEST", required=True, help="the base deployment manifest (YAML)")
+    p.add_argument("--grid", metavar="GRID", required=True,
+                   help="YAML: knob -> list of values, and `measure:` points to run on the engine too")
+    p.add_argument("--workload", metavar="SPEC", required=True, help=f"{WORKLOAD_SPEC}")
+    p.add_argument("--hardware", default=None, help="the simulator's profile (default: this machine's calibration)")
+    p.add_argument("--out", default=None, help="folder for sweep.csv and sweep.json; a sweep resumes from it")
+    p.add_argument("--measure-front", action="store_true", help="also run the simulated Pareto front on the engine")
+    p.add_argument("--repeats", type=int, default=2, help="engine runs per measured point (fastest kept)")
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="SLO on TTFT, for goodput")
+    p.add_argument("--slo-tpot-ms", type=float, default=None, help="SLO on TPOT, for goodput")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="simulate this many points at once (processes; default 1)")
+    p.add_argument("--force", action="store_true", help="start over in an --out folder holding another sweep")
+    _add_override_flags(p)
+    p.set_defaults(func=_sweep)
+
+
 def _report(args: argparse.Namespace) -> None:
     from serving_lab.report import run_report, write_report
 
@@ -265,107 +386,10 @@ def _report(args: argparse.Namespace) -> None:
     print(f"report: {out}/report.html ({out}/report.md, {out}/results.json, plots)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="serving-lab", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("pull", help="download the default SmolLM2-135M-Instruct GGUF into the cache")
-    p.set_defaults(func=_pull)
-
-    p = sub.add_parser("generate", help="generate text with the reference engine")
-    p.add_argument("prompts", nargs="+")
-    p.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
-                   help="int8: W8A8 weights and activations (faster on x86 CPUs; quality in benchmarks/RESULTS.md)")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
-                   help="what the KV cache stores K/V in (auto: the model's dtype)")
-    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True,
-                   help="run the model eagerly (the default); --no-enforce-eager compiles it with torch.compile")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--no-chat", dest="chat", action="store_false", help="send the raw prompt, no chat template")
-    p.set_defaults(func=_generate)
-
-    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (streaming, /metrics) on the engine")
-    from ref_engine.entrypoints.openai.cli_args import add_serve_args
-
-    add_serve_args(p)
-    # --model too (vLLM's `vllm serve` takes both), beside the positional MODEL: the flag the manifest's
-    # engine.model override is named by
-    _add_override_flags(p, skip=tuple(knob for knob in SERVE_KNOBS if knob != "model"))
-    p.set_defaults(func=_serve)
-
-    p = sub.add_parser("bench", help="benchmarks: `bench serve` loads an OpenAI-compatible server")
-    bench = p.add_subparsers(dest="bench_command", required=True)
-    p = bench.add_parser("serve", help="send a workload to a server and measure TTFT, ITL, TPOT, throughput")
-    from serving_lab.bench_predict import add_predict_args
-    from serving_lab.bench_serve import add_bench_serve_args
-
-    add_bench_serve_args(p)
-    add_predict_args(p)
-    p.set_defaults(func=_bench_serve)
-
-    p = sub.add_parser("calibrate", help="measure this machine with the engine and save its simulator profile")
-    p.add_argument("--model", default=None)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--quantization", default=None, choices=["int8"],
-                   help="measure the int8 engine (W8A8) and save its profile, whose rates the simulator prices as int8")
-    p.set_defaults(func=_calibrate)
-
-    from serving_lab.demos import DEMOS
-
-    p = sub.add_parser("demo", help="the course demo, or one lesson's: engine and simulator side by side")
-    p.add_argument("lesson", nargs="?", choices=list(DEMOS), metavar="LESSON",
-                   help=f"one lesson's demo: {', '.join(DEMOS)} (--list says what each shows; none: the overview)")
-    p.add_argument("--list", action="store_true", help="list the lessons' demos")
-    p.add_argument("--fast", action="store_true", help="tiny sizes, seconds: a smoke test, not a measurement")
-    p.add_argument("--model", default=None)
-    p.add_argument("--hardware", default=None,
-                   help="the simulator's profile of this machine (default: its calibration, measured once)")
-    p.add_argument("--out", default=None,
-                   help="folder for the report and plot (default: reports/demo, a lesson's reports/demo/LESSON)")
-    p.set_defaults(func=_demo)
-
-    p = sub.add_parser("manifest", help="translate a deployment manifest (e.g. serving_lab/manifests/smollm2.yaml)")
-    p.add_argument("--to-vllm", metavar="MANIFEST", required=True,
-                   help="print the `vllm serve` command line that runs the same deployment")
-    _add_override_flags(p)
-    p.set_defaults(func=_manifest)
-
+def add_report_parser(subparsers: Subparsers) -> None:
     from serving_lab.workload_spec import WORKLOAD_SPEC
 
-    p = sub.add_parser("simulate", help="run a deployment manifest on a workload in the simulator")
-    p.add_argument("--config", metavar="MANIFEST", required=True, help="the deployment manifest (YAML)")
-    p.add_argument("--workload", metavar="SPEC", required=True, help=f"{WORKLOAD_SPEC}, e.g. synthetic:64:128:64:8")
-    p.add_argument("--hardware", default=None, help="a hardware profile: h100-sxm, a100-80gb-sxm, h200, l40s, b200, "
-                   "local-cpu or a calibrated one (default: this machine's calibration, else local-cpu)")
-    p.add_argument("--acceptance-rate", type=float, default=None,
-                   help="with speculative decoding: the chance each draft token is accepted (without it the "
-                   "drafts are left out of the price, and the output says so)")
-    _add_override_flags(p)
-    p.set_defaults(func=_simulate)
-
-    p = sub.add_parser("sweep", help="a grid of knobs through the simulator (a few points on the engine): the "
-                       "Pareto front and the simulator's rank agreement")
-    p.add_argument("--config", metavar="MANIFEST", required=True, help="the base deployment manifest (YAML)")
-    p.add_argument("--grid", metavar="GRID", required=True,
-                   help="YAML: knob -> list of values, and `measure:` points to run on the engine too")
-    p.add_argument("--workload", metavar="SPEC", required=True, help=f"{WORKLOAD_SPEC}")
-    p.add_argument("--hardware", default=None, help="the simulator's profile (default: this machine's calibration)")
-    p.add_argument("--out", default=None, help="folder for sweep.csv and sweep.json; a sweep resumes from it")
-    p.add_argument("--measure-front", action="store_true", help="also run the simulated Pareto front on the engine")
-    p.add_argument("--repeats", type=int, default=2, help="engine runs per measured point (fastest kept)")
-    p.add_argument("--slo-ttft-ms", type=float, default=None, help="SLO on TTFT, for goodput")
-    p.add_argument("--slo-tpot-ms", type=float, default=None, help="SLO on TPOT, for goodput")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--jobs", type=int, default=1, help="simulate this many points at once (processes; default 1)")
-    p.add_argument("--force", action="store_true", help="start over in an --out folder holding another sweep")
-    _add_override_flags(p)
-    p.set_defaults(func=_sweep)
-
-    p = sub.add_parser("report", help="the capstone's before -> after throughput report (engine and simulator)")
+    p = subparsers.add_parser("report", help="the capstone's before -> after throughput report (engine and simulator)")
     p.add_argument("--before", metavar="MANIFEST", required=True)
     p.add_argument("--after", metavar="MANIFEST", required=True)
     p.add_argument("--workload", metavar="SPEC", required=True, help=f"{WORKLOAD_SPEC}")
@@ -376,6 +400,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true", help="replace an existing --out folder")
     p.set_defaults(func=_report)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `serving-lab` parser: one subcommand per `add_<command>_parser`, in the order `--help` lists them."""
+    parser = argparse.ArgumentParser(prog="serving-lab", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for add_parser in (add_pull_parser, add_generate_parser, add_serve_parser, add_bench_parser,
+                       add_calibrate_parser, add_demo_parser, add_manifest_parser, add_simulate_parser,
+                       add_sweep_parser, add_report_parser):
+        add_parser(subparsers)
     return parser
 
 

@@ -41,9 +41,9 @@ class EngineCoreClient:
     def __init__(self, engine_args: EngineArgs) -> None:
         self.engine_args = engine_args
         self._folder = tempfile.TemporaryDirectory(prefix="serving-lab-")
+        # the sockets open in `start`: a client never started holds none, so collecting it cannot block
+        # (a context collected with its sockets still open waits for them forever)
         self._context = zmq.asyncio.Context()
-        self._input = self._context.socket(zmq.PUSH)  # to the core
-        self._output = self._context.socket(zmq.PULL)  # from the core
         self._process: multiprocessing.process.BaseProcess | None = None
         self._call_ids = itertools.count()
         self._pending_calls: dict[int, asyncio.Future[Any]] = {}
@@ -52,6 +52,8 @@ class EngineCoreClient:
         """Start the core process and wait until its model is loaded."""
         folder = Path(self._folder.name)
         input_address, output_address = f"ipc://{folder / 'input'}", f"ipc://{folder / 'output'}"
+        self._input = self._context.socket(zmq.PUSH)  # to the core
+        self._output = self._context.socket(zmq.PULL)  # from the core
         self._input.bind(input_address)
         self._output.bind(output_address)
         self._process = multiprocessing.get_context("spawn").Process(
