@@ -4,8 +4,7 @@ The design, the course format and the machine's measured facts live in ARCHITECT
 and benchmarks/RESULTS.md. This test scans every file git knows (tracked, or new and not ignored), skipping
 binary files, for citations of notes kept outside the repository: the folder `OUTSIDE_FOLDER` matches and
 the file names in `OUTSIDE_NAMES` (a name is fine when a file of that name is in the repository), and "the
-curriculum" (the course's plan is lessons/tools/course_plan.py). It also checks that the paths
-ARCHITECTURE.md names exist.
+curriculum" (the course is its lesson files). It also checks that the paths ARCHITECTURE.md names exist.
 """
 
 from __future__ import annotations

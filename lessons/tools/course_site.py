@@ -8,15 +8,12 @@ with their outputs and plots, and every source file the course links, in one fol
     python lessons/tools/course_site.py --figures 05-speculative-decoding   # only that notebook's figures, no site
     python -m http.server -d site                          # then open http://localhost:8000 (or open site/index.html)
 
-Why these tools and not a site generator: the course is GitHub-flavoured Markdown that must read well on
-GitHub as it is (raw `<a id>` anchors, relative `.md` and `.ipynb` links), so the site renders the same files
-with the same Markdown library the capstone report uses (markdown-it-py), renders notebooks with nbconvert and
-executes them with nbclient (both part of Jupyter, already installed for nbval), and wraps every page in one
-Jinja template. Jupyter Book 2 (MyST) was the other candidate: it is a Node.js application, which the course's
-machines (Python, pip and gcc) do not have, and it would rewrite the anchor and link conventions the checker
-(`course_check.py`) relies on. The folder mirrors the repository: `lessons/01-x.md` becomes `lessons/01-x.html`,
-`notebooks/01-x.ipynb` becomes `notebooks/01-x.html`, `sim/simulator.py` becomes `sim/simulator.py.html`, so
-every relative link of the course keeps working once its suffix is mapped (`site_url`).
+Why no site generator: the course is GitHub-flavoured Markdown that must read well on GitHub as it is (raw
+`<a id>` anchors, relative `.md` and `.ipynb` links), so the site renders the same files with markdown-it-py (as the
+capstone report does), nbconvert and nbclient (Jupyter, already installed for nbval) and one Jinja template;
+Jupyter Book 2 needs Node.js and would rewrite the anchor conventions the checker relies on. The folder mirrors
+the repository (`lessons/01-x.md` -> `lessons/01-x.html`, `sim/simulator.py` -> `sim/simulator.py.html`), so
+every relative link keeps working once its suffix is mapped (`site_url`).
 
 Figures: a notebook cell tagged `figure:<name>` makes the image `lessons/img/<stem>-<name>.png` that the lesson
 embeds. `--update-figures` writes those files from a fresh execution; the committed images are what GitHub and
@@ -38,7 +35,7 @@ from urllib.parse import unquote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from course_links import ROOT, Course  # noqa: E402
+from course_reader import ROOT, Course  # noqa: E402
 
 from serving_lab.folders import replaced_whole  # noqa: E402
 
@@ -104,9 +101,9 @@ def collect(course: Course) -> Site:
     they link to, transitively through Markdown (files outside the repository are never followed)."""
     root = course.root
     start = list(ENTRY_PAGES) + [p for p, _ in PROJECT_PAGES]
-    for lesson in course.plan:
+    for lesson in course.lessons:
         start.append(f"lessons/{lesson.stem}.md")
-        if lesson.notebook:
+        if lesson.has_notebook:
             start.append(f"notebooks/{lesson.stem}.ipynb")
     site, seen, todo = Site(), set(), [s for s in start if (root / s).exists()]
     while todo:
@@ -178,10 +175,10 @@ class NavItem:
 def navigation(course: Course) -> list[NavItem]:
     """The sidebar, in course order: each lesson with its notebook, then the bank, mock interview, glossary."""
     items = [NavItem("Course map", "lessons/README.md")]
-    for lesson in course.plan:
+    for lesson in course.lessons:
         label = lesson.number if lesson.number != "C" else "Capstone"
         title = lesson.title if lesson.number != "C" else lesson.title.split(":", 1)[-1].strip()
-        children = ((NavItem("Notebook", f"notebooks/{lesson.stem}.ipynb"),) if lesson.notebook else ())
+        children = ((NavItem("Notebook", f"notebooks/{lesson.stem}.ipynb"),) if lesson.has_notebook else ())
         items.append(NavItem(f"{label} · {title}" if lesson.number != "C" else f"{label}: {title}",
                              f"lessons/{lesson.stem}.md", children))
     items += [NavItem("Interview bank", "lessons/interview-bank.md"), NavItem("Mock interview", "mock-interview"),
@@ -281,8 +278,8 @@ def mock_interview_body(course: Course) -> str:
 
 def home_body(course: Course) -> str:
     rows = []
-    for lesson in course.plan:
-        notebook = (f' · <a href="notebooks/{lesson.stem}.html">notebook</a>' if lesson.notebook else "")
+    for lesson in course.lessons:
+        notebook = (f' · <a href="notebooks/{lesson.stem}.html">notebook</a>' if lesson.has_notebook else "")
         questions = len(course.questions_of(lesson.stem))
         extra = f" · {questions} interview questions" if questions else ""
         rows.append(f'<li><a href="lessons/{lesson.stem}.html">{lesson.title}</a>{notebook}{extra} '

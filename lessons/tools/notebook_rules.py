@@ -30,10 +30,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 ENV_RE = re.compile(r"\bos\.environ\b|\bgetenv\s*\(|\benviron\s*\[|\benviron\.get\s*\(")
-PIP_RE = re.compile(r"^\s*[!%]\s*pip\b|^\s*!.*\bpip\s+install\b|\bpip\s+install\b", re.MULTILINE)
-URL_RE = re.compile(r"https?://")
 ABSOLUTE_RE = re.compile(r"^(?:/[A-Za-z0-9_.~-]|~/|[A-Za-z]:[\\/])")
-TIMEIT_RE = re.compile(r"%%?timeit\b|\bimport\s+timeit\b|\btimeit\.")
+# What no code cell may hold, and why.
+FORBIDDEN = (
+    (re.compile(r"^\s*[!%]\s*pip\b|\bpip\s+install\b", re.MULTILINE),
+     "installs packages (the README's setup installs everything)"),
+    (re.compile(r"https?://"), "a URL in a code cell (no network; put links in Markdown cells)"),
+    (re.compile(r"\.cuda\("), "`.cuda(` (the engine picks the device; pass device=... if you must)"),
+    (re.compile(r"%%?timeit\b|\bimport\s+timeit\b|\btimeit\."), "timeit (time steps through the engine's metrics instead)"),
+)
 
 
 def source(cell: dict) -> str:
@@ -63,11 +68,6 @@ def string_constants(code: str) -> list[str] | None:
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in inner]
 
 
-def parameters_cell(nb: dict) -> tuple[int, dict] | None:
-    cells = code_cells(nb)
-    return cells[0] if cells else None
-
-
 # ---- the rules ----------------------------------------------------------------------------------------
 
 def rule_no_outputs(nb: dict, path: Path) -> list[str]:
@@ -95,10 +95,9 @@ def rule_first_cell_links_lesson(nb: dict, path: Path) -> list[str]:
 
 
 def rule_parameters_cell(nb: dict, path: Path) -> list[str]:
-    found = parameters_cell(nb)
-    if found is None:
+    if not code_cells(nb):
         return [f"{path.name}: no code cell, so no `parameters` cell"]
-    i, cell = found
+    i, cell = code_cells(nb)[0]
     problems = []
     if "parameters" not in cell.get("metadata", {}).get("tags", []):
         problems.append(f"{path.name} cell {i}: the first code cell must be tagged `parameters`")
@@ -119,19 +118,13 @@ def rule_parameters_cell(nb: dict, path: Path) -> list[str]:
 
 
 def rule_environment_only_in_parameters(nb: dict, path: Path) -> list[str]:
-    first = parameters_cell(nb)
     return [f"{path.name} cell {i}: reads the environment; only the `parameters` cell may"
-            for i, cell in code_cells(nb)[1:] if ENV_RE.search(source(cell))] if first else []
+            for i, cell in code_cells(nb)[1:] if ENV_RE.search(source(cell))]
 
 
-def rule_no_pip(nb: dict, path: Path) -> list[str]:
-    return [f"{path.name} cell {i}: installs packages (the README's setup installs everything)"
-            for i, cell in code_cells(nb) if PIP_RE.search(source(cell))]
-
-
-def rule_no_network(nb: dict, path: Path) -> list[str]:
-    return [f"{path.name} cell {i}: a URL in a code cell (no network; put links in Markdown cells)"
-            for i, cell in code_cells(nb) if URL_RE.search(source(cell))]
+def rule_forbidden_code(nb: dict, path: Path) -> list[str]:
+    return [f"{path.name} cell {i}: {why}"
+            for i, cell in code_cells(nb) for pattern, why in FORBIDDEN if pattern.search(source(cell))]
 
 
 def rule_no_absolute_paths(nb: dict, path: Path) -> list[str]:
@@ -146,19 +139,8 @@ def rule_no_absolute_paths(nb: dict, path: Path) -> list[str]:
     return problems
 
 
-def rule_no_cuda_calls(nb: dict, path: Path) -> list[str]:
-    return [f"{path.name} cell {i}: `.cuda(` (the engine picks the device; pass device=... if you must)"
-            for i, cell in code_cells(nb) if ".cuda(" in source(cell)]
-
-
-def rule_no_timeit(nb: dict, path: Path) -> list[str]:
-    return [f"{path.name} cell {i}: timeit (time steps through the engine's metrics instead)"
-            for i, cell in code_cells(nb) if TIMEIT_RE.search(source(cell))]
-
-
 RULES = (rule_no_outputs, rule_kernel, rule_first_cell_links_lesson, rule_parameters_cell,
-         rule_environment_only_in_parameters, rule_no_pip, rule_no_network, rule_no_absolute_paths,
-         rule_no_cuda_calls, rule_no_timeit)
+         rule_environment_only_in_parameters, rule_forbidden_code, rule_no_absolute_paths)
 
 
 def check_notebook(path: Path) -> list[str]:

@@ -1,12 +1,12 @@
 """Shared pieces of the course tests: import paths, and a small fixture course to break on purpose.
 
-The checker, generator and notebook rules live in lessons/tools/ (a folder of scripts, not a package), so
-that folder and the repository root go on `sys.path` here.
+The reader, generator, checker and notebook rules live in lessons/tools/ (a folder of scripts, not a package),
+so that folder and the repository root go on `sys.path` here.
 
-`mini_course` builds, in tmp_path, the smallest course that passes every rule: a written lesson 01 with its
-notebook, a planned lesson 02, a glossary of two terms, a bank of two questions, one exercise with stub,
-test and solution, and a code file whose docstring links back. Each rule's test then breaks one thing
-and checks that the rule, and only a rule about that thing, complains.
+`mini_course` builds, in tmp_path, the smallest course that passes every rule (with the coverage minimums at 1):
+an orientation, a lesson 01 with its notebook and one exercise (stub, test and solution), a lesson 02, a
+glossary of two terms, a bank of two questions, and a code file whose docstring links back. Each rule's test
+then breaks one thing and checks that the rule, and only a rule about that thing, complains.
 """
 
 from __future__ import annotations
@@ -24,19 +24,10 @@ for path in (ROOT, TOOLS):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from course_links import Course, updates  # noqa: E402
-from course_plan import PlannedExercise, PlannedLesson  # noqa: E402
+from course_links import updates  # noqa: E402
+from course_reader import Course  # noqa: E402
 
-MINI_PLAN = (
-    PlannedLesson("00-orientation", "Orientation", minutes=5, notebook=False, has_questions=False),
-    PlannedLesson("01-alpha", "Alpha", minutes=30,
-                  anchors=("you-will-learn", "intro", "exercises", "questions"),
-                  notebook_anchors=("parameters", "demo"), terms=("widget",),
-                  exercises=(PlannedExercise("E01.1", "implement", "Do the thing"),)),
-    PlannedLesson("02-beta", "Beta", minutes=20, anchors=("beta-intro",), notebook_anchors=("beta-demo",),
-                  terms=("gadget",)),
-)
-MINI_TOPICS = {"BATCH": "Batching", "KV": "The KV cache"}
+QUESTIONS_BLOCK = "<a id=\"questions\"></a>\n## Questions\n<!-- BEGIN AUTO:questions -->\n<!-- END AUTO:questions -->\n"
 
 
 def _question(qid: str, lesson_link: str, notebook_link: str, term: str) -> str:
@@ -65,11 +56,11 @@ def _question(qid: str, lesson_link: str, notebook_link: str, term: str) -> str:
 
 MINI_FILES = {
     "lessons/README.md": "# Map\n\n<!-- BEGIN AUTO:course-map -->\n<!-- END AUTO:course-map -->\n",
-    "lessons/00-orientation.md": "# Orientation\n\nRun it.\n",
+    "lessons/00-orientation.md": "# Orientation\n\n5 min\n\nRun it.\n\n" + QUESTIONS_BLOCK,
     "lessons/01-alpha.md": textwrap.dedent("""\
         # Alpha
 
-        Notebook: [01-alpha.ipynb](../notebooks/01-alpha.ipynb)
+        Notebook: [01-alpha.ipynb](../notebooks/01-alpha.ipynb) · 30 min
 
         <a id="you-will-learn"></a>
         ## You will learn
@@ -86,13 +77,19 @@ MINI_FILES = {
         <a id="exercises"></a>
         ## Exercises
         <a id="e01-1"></a>
-        ### E01.1 Do the thing
+        ### E01.1 Do the thing (implement)
 
-        <a id="questions"></a>
-        ## Questions
-        <!-- BEGIN AUTO:questions -->
-        <!-- END AUTO:questions -->
-        """),
+        """) + QUESTIONS_BLOCK,
+    "lessons/02-beta.md": textwrap.dedent("""\
+        # Beta
+
+        Notebook: [02-beta.ipynb](../notebooks/02-beta.ipynb) · 20 min
+
+        <a id="beta-intro"></a>
+        ## Intro
+        A [gadget](../glossary.md#gadget).
+
+        """) + QUESTIONS_BLOCK,
     "lessons/interview-bank.md": (
         "# Bank\n\n<!-- BEGIN AUTO:bank-index -->\n<!-- END AUTO:bank-index -->\n\n"
         '<a id="topic-batch"></a>\n## BATCH: Batching\n\n'
@@ -161,6 +158,7 @@ class MiniCourse:
         for name, text in MINI_FILES.items():
             self.write(name, text)
         self.write("notebooks/01-alpha.ipynb", mini_notebook("01-alpha", ("parameters", "demo")))
+        self.write("notebooks/02-beta.ipynb", mini_notebook("02-beta", ("beta-demo",)))
         texts, _, missing = updates(self.course())
         assert not missing, missing
         for path, text in texts.items():
@@ -169,8 +167,7 @@ class MiniCourse:
     notebook = staticmethod(mini_notebook)
 
     def course(self) -> Course:
-        return Course(self.root, lessons=MINI_PLAN, topics=MINI_TOPICS, code_dirs=("pkg", "lessons/exercises"),
-                      min_questions=1, min_exercises=1)
+        return Course(self.root, code_dirs=("pkg", "lessons/exercises"))
 
     def path(self, name: str) -> Path:
         return self.root / name

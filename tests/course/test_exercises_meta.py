@@ -25,8 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from course_plan import LESSONS
+from course_reader import Course
 
+LESSONS = Course().lessons
 WITH_EXERCISES = [lesson for lesson in LESSONS if lesson.exercises]
 DEBUG_EXERCISES = [(lesson, ex) for lesson in LESSONS for ex in lesson.exercises if ex.kind == "debug"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +98,7 @@ def unsolved_problems(stub: types.ModuleType, reference: types.ModuleType, exerc
                       debug_ids: set[str] = frozenset()) -> list[str]:
     """Every exercise function of the stub must raise NotImplementedError("ENN.k ...") before reading its
     arguments; a class must raise when constructed (or, if its constructor is given, in every method).
-    Together they must raise exactly the exercise ids the plan lists for the lesson, except the debug
+    Together they must raise exactly the exercise ids the lesson states (its `### ENN.k` headings), except the debug
     exercises (`debug_ids`): their code runs, and each must be stated by a function or class whose
     docstring starts with its id (whether its bug is still there is `planted_bug_problems`' job)."""
     problems, raised, stated = [], set(), set()
@@ -138,7 +139,7 @@ def unsolved_problems(stub: types.ModuleType, reference: types.ModuleType, exerc
         else:
             expect_unsolved(name, obj)
     if raised != exercise_ids - debug_ids:
-        problems.append(f"the stubs raise {sorted(raised)}, the plan lists {sorted(exercise_ids - debug_ids)}")
+        problems.append(f"the stubs raise {sorted(raised)}, the lesson lists {sorted(exercise_ids - debug_ids)}")
     for debug_id in sorted(debug_ids - stated):
         problems.append(f'debug exercise {debug_id}: no function or class of the stub has a docstring that '
                         f'starts with "{debug_id}"')
@@ -273,7 +274,7 @@ SOLVED_INIT = ('raise NotImplementedError("E09.2: A")', "self.n = n")
     ([('raise NotImplementedError("E09.1: f")', "return 0")], "f is no longer a stub: it returned"),
     ([('raise NotImplementedError("E09.1: f")', "return x + 1")], "f is no longer a stub: it raised TypeError"),
     ([('raise NotImplementedError("E09.1: f")', 'raise NotImplementedError("todo")')], "start the message with the id"),
-    ([('raise NotImplementedError("E09.1: f")', 'raise NotImplementedError("E09.2: f")')], "the plan lists"),
+    ([('raise NotImplementedError("E09.1: f")', 'raise NotImplementedError("E09.2: f")')], "the lesson lists"),
     ([SOLVED_INIT, ('raise NotImplementedError("E09.2: grow")', "self.n += k")], "A.grow is no longer a stub"),
 ])
 def test_solved_stub_fails(edits, fragment):

@@ -133,16 +133,16 @@ BAD = [
      "only the `parameters` cell may"),
     (lambda: with_code('from os import getenv\nn = getenv("N")'), nr.rule_environment_only_in_parameters,
      "only the `parameters` cell may"),
-    (lambda: with_code("!pip install simpy"), nr.rule_no_pip, "installs packages"),
-    (lambda: with_code("%pip install simpy"), nr.rule_no_pip, "installs packages"),
-    (lambda: with_code('import urllib.request\nurllib.request.urlopen("https://example.com")'), nr.rule_no_network,
+    (lambda: with_code("!pip install simpy"), nr.rule_forbidden_code, "installs packages"),
+    (lambda: with_code("%pip install simpy"), nr.rule_forbidden_code, "installs packages"),
+    (lambda: with_code('import urllib.request\nurllib.request.urlopen("https://example.com")'), nr.rule_forbidden_code,
      "a URL in a code cell"),
     (lambda: with_code('open("/home/me/data.json")'), nr.rule_no_absolute_paths, "absolute path '/home/me/data.json'"),
     (lambda: with_code('%matplotlib inline\nopen("C:\\\\data\\\\x.json")'), nr.rule_no_absolute_paths, "absolute path"),
     (lambda: with_code('p = "~/models/x.gguf"'), nr.rule_no_absolute_paths, "absolute path"),
-    (lambda: with_code("x = x.cuda()"), nr.rule_no_cuda_calls, "`.cuda(`"),
-    (lambda: with_code("%timeit sum(range(10))"), nr.rule_no_timeit, "timeit"),
-    (lambda: with_code("%%timeit\nsum(range(10))"), nr.rule_no_timeit, "timeit"),
+    (lambda: with_code("x = x.cuda()"), nr.rule_forbidden_code, "`.cuda(`"),
+    (lambda: with_code("%timeit sum(range(10))"), nr.rule_forbidden_code, "timeit"),
+    (lambda: with_code("%%timeit\nsum(range(10))"), nr.rule_forbidden_code, "timeit"),
 ]
 
 

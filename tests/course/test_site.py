@@ -11,7 +11,7 @@ import course_site
 import nbformat
 import pytest
 from conftest import ROOT
-from course_links import Course
+from course_reader import Course
 
 sys.path.insert(0, str(ROOT / "tests"))
 from browser import broken_links, open_pages, require_browser  # noqa: E402
@@ -48,7 +48,7 @@ def test_navigation_follows_the_course_order() -> None:
     course = Course()
     lessons = [item.repo_path for item in course_site.navigation(course) if item.repo_path.startswith("lessons/0")
                or item.repo_path == "lessons/capstone.md"]
-    assert lessons == [f"lessons/{lesson.stem}.md" for lesson in course.plan]
+    assert lessons == [f"lessons/{lesson.stem}.md" for lesson in course.lessons]
 
 
 def test_a_tagged_cell_becomes_the_lessons_figure(tmp_path: Path) -> None:
@@ -71,12 +71,12 @@ def test_every_figure_a_lesson_embeds_is_made_by_its_notebook() -> None:
     """A lesson's `img/<stem>-<name>.png` is committed and its notebook tags a cell `figure:<name>` (so that
     `--update-figures` remakes it); every tagged cell's image is embedded by its lesson."""
     embedded, promised = set(), set()
-    for lesson in Course().plan:
+    for lesson in Course().lessons:
         text = (ROOT / "lessons" / f"{lesson.stem}.md").read_text(encoding="utf-8")
         for name in re.findall(rf"\]\(img/{re.escape(lesson.stem)}-([a-z0-9-]+)\.png\)", text):
             embedded.add((lesson.stem, name))
             assert (ROOT / "lessons" / "img" / f"{lesson.stem}-{name}.png").is_file(), (lesson.stem, name)
-        if lesson.notebook:
+        if lesson.has_notebook:
             promised |= {(lesson.stem, name) for name in course_site.figure_tags(ROOT / "notebooks" / f"{lesson.stem}.ipynb")}
     assert promised <= embedded, f"tagged but not shown: {sorted(promised - embedded)}"
     assert embedded <= promised, f"shown but made by no notebook: {sorted(embedded - promised)}"
@@ -101,9 +101,9 @@ def test_the_site_builds_and_every_page_reads_clean_in_a_browser(tmp_path: Path)
     out = tmp_path / "site"
     site = course_site.build(out, execute=False, progress=lambda _: None)
     course = Course()
-    for lesson in course.plan:
+    for lesson in course.lessons:
         assert f"lessons/{lesson.stem}.md" in site.markdown
-        assert not lesson.notebook or f"notebooks/{lesson.stem}.ipynb" in site.notebooks
+        assert not lesson.has_notebook or f"notebooks/{lesson.stem}.ipynb" in site.notebooks
     pages = sorted(out.rglob("*.html"))
     checks = open_pages(pages, chromium)
     problems = [f"{page.relative_to(out)}: {p}" for page, check in checks.items() for p in check.problems()]
