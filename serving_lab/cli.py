@@ -223,7 +223,7 @@ def _tenant_lines(run: RunMetrics, config: EngineConfig, fairness: str) -> list[
 
 
 def _sweep(args: argparse.Namespace) -> None:
-    from serving_lab.experiments.common import format_table
+    from serving_lab.pairing import format_table
     from serving_lab.manifest import load_manifest
     from serving_lab.sweep import SLO, TABLE_METRICS, Sweep, load_grid, run_sweep
 

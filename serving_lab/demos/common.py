@@ -23,7 +23,7 @@ from typing import Any
 from ref_engine.core.metrics import relative_error
 from serving_lab.demos import Demo
 from serving_lab.experiments.claims import machine_note
-from serving_lab.experiments.common import Sides, format_table, pairs
+from serving_lab.pairing import Sides, format_table, pairs
 from sim.hardware import HardwareProfile
 
 # The lessons' GPU what-if: Llama-3.1-8B on a datasheet H100-SXM, simulated only.

@@ -48,7 +48,7 @@ from serving_lab.experiments.batching import (
     throughput_ratios,
 )
 from serving_lab.experiments.claims import BUSY, error_claim, fit_note, machine_note, timing_claim
-from serving_lab.experiments.common import (
+from serving_lab.pairing import (
     COMPARED,
     POLICY_COUNTS,
     Job,

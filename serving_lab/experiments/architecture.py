@@ -30,7 +30,7 @@ import httpx
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import relative_error
 from ref_engine.core.workload import Workload, WorkloadRequest
-from serving_lab.experiments.common import Sides
+from serving_lab.pairing import Sides
 from sim.cost_model import BatchShape
 
 # ---- the diagram ----

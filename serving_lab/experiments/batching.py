@@ -15,7 +15,7 @@ from ref_engine.core.config import EngineConfig
 from ref_engine.core.math_utils import cdiv
 from ref_engine.core.metrics import RunMetrics, relative_error
 from ref_engine.core.workload import Exponential, LengthSpec, Workload
-from serving_lab.experiments.common import Sides, run_pair
+from serving_lab.pairing import Sides, run_pair
 from sim.cost_model import BatchShape
 
 

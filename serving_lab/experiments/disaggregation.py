@@ -25,7 +25,7 @@ from typing import Any
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import relative_error
 from ref_engine.core.workload import Workload
-from serving_lab.experiments.common import Sides
+from serving_lab.pairing import Sides
 from sim.cluster import Cluster
 from sim.hardware import dtype_bytes
 

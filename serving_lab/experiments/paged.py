@@ -23,7 +23,7 @@ from ref_engine.core.math_utils import cdiv
 from ref_engine.core.metrics import RunMetrics, relative_error
 from ref_engine.core.workload import LengthSpec, Workload
 from ref_engine.model.arch_config import ArchConfig
-from serving_lab.experiments.common import Job, Sides, paired_rows, pairs, same_policy
+from serving_lab.pairing import Job, Sides, paired_rows, pairs, same_policy
 from sim.cost_model import BatchShape, kv_cache_num_blocks
 from sim.executor import CostModelTimer
 from sim.hardware import HardwareProfile, dtype_bytes

@@ -10,7 +10,7 @@ from typing import Any
 
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.workload import LengthSpec, Workload
-from serving_lab.experiments.common import Job, Sides, paired_rows, pairs
+from serving_lab.pairing import Job, Sides, paired_rows, pairs
 
 
 def _prefix_config(block_size: int, caching: bool, num_kv_blocks: int, max_num_seqs: int = 16,

@@ -29,7 +29,7 @@ from typing import Any
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import RunMetrics, relative_error
 from ref_engine.core.workload import Workload, WorkloadRequest
-from serving_lab.experiments.common import Job, Sides, paired_rows, same_policy
+from serving_lab.pairing import Job, Sides, paired_rows, same_policy
 from sim.cluster import Cluster
 
 UNCHUNKED = None  # the budget label of a run without chunked prefill

@@ -14,7 +14,7 @@ from ref_engine.core.config import EngineConfig
 from ref_engine.core.math_utils import cdiv
 from ref_engine.core.metrics import RunMetrics, spec_decode_counts
 from ref_engine.core.workload import Workload
-from serving_lab.experiments.common import Sides, machine_slowdown, metrics_row
+from serving_lab.pairing import Sides, machine_slowdown, metrics_row
 from sim.cost_model import BatchShape, CostModel
 from sim.simulator import Simulator
 from sim.spec_decode import AcceptanceRate, AcceptanceReplay, expected_tokens_per_step
