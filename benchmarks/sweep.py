@@ -23,7 +23,7 @@ import datetime
 import platform
 import time
 
-from serving_lab.experiments import tuning
+from course import tuning_knobs as tuning
 from serving_lab.pairing import format_table
 from serving_lab.sweep import Sweep, parse_grid, simulate_points
 

@@ -159,7 +159,7 @@ class Course:
 
     def __init__(self, root: Path = ROOT, lessons: tuple[PlannedLesson, ...] = course_plan.LESSONS,
                  topics: dict[str, str] | None = None,
-                 code_dirs: tuple[str, ...] = ("ref_engine", "sim", "serving_lab", "lessons/exercises", "benchmarks"),
+                 code_dirs: tuple[str, ...] = ("ref_engine", "sim", "serving_lab", "course", "lessons/exercises", "benchmarks"),
                  min_questions: int = course_plan.MIN_QUESTIONS_PER_LESSON,
                  min_exercises: int = course_plan.MIN_EXERCISES_PER_NOTEBOOK_LESSON) -> None:
         self.root = Path(root).resolve()
