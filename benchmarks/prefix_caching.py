@@ -17,9 +17,10 @@ import platform
 
 import torch
 
+from course.prefix_caching import shared_prefix_ttft
 from ref_engine.model.loader import load_model
 from serving_lab.calibrate import load_or_calibrate
-from serving_lab.experiments import Sides, format_table, shared_prefix_ttft
+from serving_lab.pairing import Sides, format_table
 
 
 def main() -> None:

@@ -42,23 +42,21 @@ from typing import Any
 
 import torch
 
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.workload import Workload
-from ref_engine.model.loader import LoadedModel, load_model
-from serving_lab.calibrate import load_or_calibrate
-from serving_lab.experiments import (
-    Sides,
+from course.chunked_prefill_and_disaggregation import (
     colocated_vs_disaggregated,
     disaggregation_vs_simulated,
     fairness_workload,
     kv_link_sweep,
     max_rate_within,
-    pairs,
     prefill_stall,
-    run_pair,
     tenant_fairness,
     weighted_service_ratio,
 )
+from ref_engine.core.config import EngineConfig
+from ref_engine.core.workload import Workload
+from ref_engine.model.loader import LoadedModel, load_model
+from serving_lab.calibrate import load_or_calibrate
+from serving_lab.pairing import Sides, pairs, run_pair
 
 
 @dataclass(frozen=True)

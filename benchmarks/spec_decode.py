@@ -2,7 +2,7 @@
 
     python benchmarks/spec_decode.py [--output-len 128] [--repeats 2]
 
-Two prompt kinds: input-grounded (copy a fixed text or code, `serving_lab.experiments.GROUNDED_TEXTS`, where
+Two prompt kinds: input-grounded (copy a fixed text or code, `course.speculative_decoding.GROUNDED_TEXTS`, where
 n-gram prompt lookup shines) and open chat (nothing to look up). Single stream and batch 8; configurations: off, n-gram (k = 5, default
 batch-size threshold), n-gram with the threshold off, and a self-draft (the target's first 8 layers,
 k = 3). Greedy; the fastest of `--repeats` runs is kept. The simulated column replays each run's own
@@ -17,9 +17,10 @@ import platform
 
 import torch
 
+from course.speculative_decoding import CHAT_TEMPLATE, grounded_prompts, speculation
 from ref_engine.core import EngineConfig
 from ref_engine.model.loader import load_model
-from serving_lab.experiments import CHAT_TEMPLATE, Sides, grounded_prompts, speculation
+from serving_lab.pairing import Sides
 
 OPEN_CHAT = ["Write a short story about a dragon who learns to bake bread.",
              "What are three good habits for staying healthy?", "Explain why the sky is blue to a child.",

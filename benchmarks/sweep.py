@@ -23,8 +23,8 @@ import datetime
 import platform
 import time
 
-from serving_lab.experiments import tuning
-from serving_lab.experiments.common import format_table
+from course import tuning_knobs as tuning
+from serving_lab.pairing import format_table
 from serving_lab.sweep import Sweep, parse_grid, simulate_points
 
 SPEED_GRID = {"max_num_seqs": [16, 32, 64, 128, 256], "max_num_batched_tokens": [512, 1024, 2048, 4096, 8192],

@@ -51,9 +51,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, output: SchedulerOutput) -> ModelOutput:
-        self._copy_blocks(output.swap_out, src=self.kv_caches, dst=self.host_kv_caches)
-        self._copy_blocks(output.copy_blocks, src=self.kv_caches, dst=self.kv_caches)
-        self._copy_blocks(output.swap_in, src=self.host_kv_caches, dst=self.kv_caches)
+        self.copy_blocks(output.swap_out, src=self.kv_caches, dst=self.host_kv_caches)
+        self.copy_blocks(output.copy_blocks, src=self.kv_caches, dst=self.kv_caches)
+        self.copy_blocks(output.swap_in, src=self.host_kv_caches, dst=self.kv_caches)
 
         input_ids: list[int] = []
         positions: list[int] = []
@@ -94,8 +94,9 @@ class ModelRunner:
             layer.zero_()
 
     @staticmethod
-    def _copy_blocks(plan: list[tuple[int, int]], *, src: list[torch.Tensor], dst: list[torch.Tensor]) -> None:
-        """Copy blocks src[i] -> dst[j] for each (i, j) in the plan, in every layer (K and V together)."""
+    def copy_blocks(plan: list[tuple[int, int]], *, src: list[torch.Tensor], dst: list[torch.Tensor]) -> None:
+        """Copy blocks src[i] -> dst[j] for each (i, j) in the plan, in every layer (K and V together): a step's
+        swap and copy-on-write plans, and lesson 2's timing of a swap."""
         if not plan:
             return
         src_ids = torch.tensor([i for i, _ in plan], dtype=torch.long, device=src[0].device)

@@ -396,7 +396,7 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32", threads: int
       by tens of percent within minutes and back, so a refit now would be no better than one taken
       minutes ago, and a busy machine is most likely still busy (a refit would be flagged again); every
       notebook would pay 2 minutes for nothing. Claims that rest on an unsteady fit are skipped, and runs
-      measured in another state than the profile's are caught by their own slowdown (`experiments.claims`);
+      measured in another state than the profile's are caught by their own slowdown (`course.claims`);
     - older, fitted on an unsteady machine (`unsteady_fit`): refit, whatever the probe says;
     - older and steady: the drift probe is timed again (a few seconds); beyond `DRIFT_TOLERANCE` of
       calibration time the machine has changed its state since (a laptop on battery, a new neighbour on

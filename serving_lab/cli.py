@@ -167,24 +167,24 @@ def add_calibrate_parser(subparsers: Subparsers) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from serving_lab.demos import DEMOS, demo_list
+    from course import DEMOS, demo_list
 
     if args.list:
         print(demo_list())
     elif args.lesson is None:
         if args.fast or args.hardware:
             raise ValueError("--fast and --hardware go with a lesson's demo (serving-lab demo --list names them)")
-        from serving_lab.demo import main as demo_main
+        from course.orientation import main as demo_main
 
         demo_main(out_dir=args.out or "reports/demo", model=args.model)
     else:
-        from serving_lab.demos.common import DemoContext, run_demo
+        from course.demo import DemoContext, run_demo
 
         run_demo(DEMOS[args.lesson], DemoContext(fast=args.fast, model_path=args.model, hardware=args.hardware), args.out)
 
 
 def add_demo_parser(subparsers: Subparsers) -> None:
-    from serving_lab.demos import DEMOS
+    from course import DEMOS
 
     p = subparsers.add_parser("demo", help="the course demo, or one lesson's: engine and simulator side by side")
     p.add_argument("lesson", nargs="?", choices=list(DEMOS), metavar="LESSON",
@@ -322,8 +322,8 @@ def add_simulate_parser(subparsers: Subparsers) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> None:
-    from serving_lab.experiments.common import format_table
     from serving_lab.manifest import load_manifest
+    from serving_lab.pairing import format_table
     from serving_lab.sweep import SLO, TABLE_METRICS, Sweep, load_grid, run_sweep
 
     sweep = Sweep(load_manifest(args.config, _overrides(args)), load_grid(args.grid), args.workload, hardware=args.hardware,

@@ -31,7 +31,7 @@ from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import relative_error
 from ref_engine.core.workload import Workload
 from serving_lab.calibrate import DRIFT_TOLERANCE, time_factor
-from serving_lab.experiments import Sides, run_pair
+from serving_lab.pairing import Sides, run_pair
 from sim.hardware import HardwareProfile
 
 # Held out from calibration: all at once with mixed lengths, Poisson arrivals at ~60% of the static

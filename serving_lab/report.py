@@ -106,7 +106,7 @@ def run_report(before: str | Path, after: str | Path, workload: str, *, hardware
         simulator = Simulator(hardware=profile, **manifests[name].simulator_kwargs())
         sides[name] = Configuration(name, str(path), manifests[name], [], simulator.run(parsed))
     if measure:
-        from serving_lab.experiments.common import Job, Sides, machine_slowdown, measured_runs
+        from serving_lab.pairing import Job, Sides, machine_slowdown, measured_runs
 
         engine_sides = Sides(model=loaded, hardware=profile, repeats=repeats)
         jobs = [Job(parsed, engines[name]["config"], {}) for name in sides]

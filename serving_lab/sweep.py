@@ -266,14 +266,14 @@ class Sweep:
     def measure(self, points: Sequence[Point], repeats: int = 1, model: Any = None,
                 eval_prompts: int = EVAL_PROMPTS, eval_tokens: int = EVAL_TOKENS) -> list[dict[str, Any]]:
         """The points on the engine (each `repeats` times, interleaved, the fastest kept), as table rows with
-        the machine's `slowdown` against the profile (`experiments.machine_slowdown`). A point whose dtype (or
+        the machine's `slowdown` against the profile (`pairing.machine_slowdown`). A point whose dtype (or
         the manifest's quantization) changes the numbers is judged on the eval set too (`agreement`, `mean_kl` against float32 on the
         first `eval_prompts` prompts, `eval_tokens` tokens each). `model`: a loaded float32 model to reuse."""
         from ref_engine.model.loader import load_model, quantized
         from serving_lab.calibrate import fastest_runs
         from serving_lab.eval_set import compare_quality
         from serving_lab.eval_set import eval_prompts as prompts
-        from serving_lab.experiments.common import Job, Sides, machine_slowdown, measured_runs
+        from serving_lab.pairing import Job, Sides, machine_slowdown, measured_runs
 
         engine = self.manifest.measured_llm_kwargs()  # refuses what the engine cannot run at all
         for point in points:

@@ -6,7 +6,7 @@ Write the bodies below, then check them from the repository root:
     pytest tests/exercises/test_e06_architecture_map.py --impl=learner -k e06_2 # one
 
 The tests check E06.1 against the lesson's own breakdown (`ttft_breakdown` in
-serving_lab/experiments/architecture.py) on hand-made traces, and E06.2 against the shared scheduler run by
+course/architecture_map.py) on hand-made traces, and E06.2 against the shared scheduler run by
 the simulator with fixed step times. Reference solutions: lessons/exercises/solutions/e06_architecture_map.py.
 
 Lesson: lessons/06-architecture-map.md#exercises

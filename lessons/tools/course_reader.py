@@ -172,7 +172,7 @@ class Course:
     """The course files under `root`, each read once."""
 
     def __init__(self, root: Path = ROOT,
-                 code_dirs: tuple[str, ...] = ("ref_engine", "sim", "serving_lab", "lessons/exercises", "benchmarks"),
+                 code_dirs: tuple[str, ...] = ("ref_engine", "sim", "serving_lab", "course", "lessons/exercises", "benchmarks"),
                  ) -> None:
         self.root = Path(root).resolve()
         self.code_dirs = code_dirs  # where module docstrings may carry a `Lesson:` line

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from serving_lab.experiments import error_claim, fit_note, machine_note, timing_claim
+from course.claims import error_claim, fit_note, machine_note, timing_claim
 from sim.hardware import HardwareProfile
 
 STEADY_FIT = {"steady": True, "repeat_spread_pct": 2.0, "cpu_wait_pct": 1.0}

@@ -1,4 +1,4 @@
-"""`serving-lab demo LESSON` (serving_lab/demos/): every lesson's demo runs in its fast sizes on a tiny random
+"""`serving-lab demo LESSON` (course/): every lesson's demo runs in its fast sizes on a tiny random
 model, prints the measured and simulated numbers side by side with the error, and writes its plot. The
 simulator prices this machine with the `local-cpu` profile, so no calibration runs; nothing asserts a time."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from course import DEMOS
 from serving_lab import cli
-from serving_lab.demos import DEMOS
 
 ROOT = Path(__file__).resolve().parents[2]
 

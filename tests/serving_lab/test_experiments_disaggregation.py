@@ -1,4 +1,4 @@
-"""Lesson 3's experiment (serving_lab/experiments/disaggregation.py): the KV link fit, and one small run of
+"""Lesson 3's experiment (course/chunked_prefill_and_disaggregation.py): the KV link fit, and one small run of
 a real 1P+1D pair (a tiny random model) beside the simulated cluster. No timing asserts beyond sanity: the
 numbers are this machine's."""
 
@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
+from course.chunked_prefill_and_disaggregation import KVLink, disaggregation_vs_simulated
 from ref_engine.core import EngineConfig
 from ref_engine.model.loader import load_model
-from serving_lab.experiments import KVLink, Sides, disaggregation_vs_simulated
+from serving_lab.pairing import Sides
 
 
 def test_kv_link_fit_recovers_latency_and_bandwidth():

@@ -1,4 +1,4 @@
-"""Lesson 1's experiment functions in serving_lab/experiments/batching.py: the cost of a step, static vs continuous, capacity and
+"""Lesson 1's experiment functions in course/continuous_batching.py: the cost of a step, static vs continuous, capacity and
 load sweeps, and the table helper. Simulator-only except one tiny engine run of `step_cost`; no timing asserts
 on measured numbers (the notebook compares those, with its tolerances)."""
 
@@ -8,19 +8,15 @@ import math
 
 import pytest
 
-from ref_engine.core import Exponential
-from serving_lab.experiments import (
-    Sides,
+from course.continuous_batching import (
     capacity,
-    error_check,
-    format_table,
     load_sweep,
-    pairs,
-    same_policy,
     static_vs_continuous,
     step_cost,
     throughput_ratios,
 )
+from ref_engine.core import Exponential
+from serving_lab.pairing import Sides, error_check, format_table, pairs, same_policy
 
 GPU = Sides(arch="llama-3.1-8b", hardware="h100-sxm", measure=False)
 CPU = Sides(hardware="local-cpu", measure=False)

@@ -1,4 +1,4 @@
-"""Lesson 2's experiment functions (serving_lab/experiments/paged.py), simulator side only: the KV
+"""Lesson 2's experiment functions (course/paged_attention.py), simulator side only: the KV
 arithmetic, the allocation modes' memory numbers, the block-size U-shape on a GPU profile, preemption by
 recompute and swap, and the swap copy model. No engine, no timing asserts: every number here is decided by
 the shared core or by the deterministic cost model."""
@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from ref_engine.core import EngineConfig, Workload
-from serving_lab.experiments import (
+from course.paged_attention import (
     PCIE4_BATCHED,
     PCIE4_PER_BLOCK,
-    Sides,
     SwapLink,
     allocation_modes,
     block_size_sweep,
@@ -21,6 +19,8 @@ from serving_lab.experiments import (
     preemption_cost,
     preemption_modes,
 )
+from ref_engine.core import EngineConfig, Workload
+from serving_lab.pairing import Sides
 from sim.simulator import Simulator
 
 CPU = Sides(hardware="local-cpu", measure=False)

@@ -1,4 +1,4 @@
-"""Lesson 4's experiment functions (serving_lab/experiments/prefix.py) and the workloads they use.
+"""Lesson 4's experiment functions (course/prefix_caching.py) and the workloads they use.
 
 Simulator side: hit rates are decided by the shared core, so they are checked exactly (against the
 whole-block formula, the LRU cliff, tenant isolation). Engine side: a tiny random model serves the same
@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from ref_engine.core import EngineConfig, Workload
-from serving_lab.experiments import (
-    Sides,
+from course.prefix_caching import (
     chat_replay,
     eviction_sweep,
     hit_rate_sweep,
-    pairs,
     shared_prefix_ttft,
     tenant_isolation,
 )
+from ref_engine.core import EngineConfig, Workload
+from serving_lab.pairing import Sides, pairs
 from sim.simulator import Simulator
 
 CPU = Sides(hardware="local-cpu", measure=False)

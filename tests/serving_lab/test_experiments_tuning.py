@@ -1,10 +1,10 @@
-"""Lesson 7's experiments (serving_lab/experiments/tuning.py), simulator side: no engine, no timing."""
+"""Lesson 7's experiments (course/tuning_knobs.py), simulator side: no engine, no timing."""
 
 from __future__ import annotations
 
 import pytest
 
-from serving_lab.experiments import tuning
+from course import tuning_knobs as tuning
 from serving_lab.sweep import SLO, SweepResult
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import pytest
 
 from ref_engine.core import EngineConfig, Workload
-from serving_lab.experiments import Sides, same_policy
 from serving_lab.fidelity import (
     HELD_OUT,
     HELD_OUT_CONFIG,
@@ -42,6 +41,7 @@ from serving_lab.fidelity import (
     ranks,
     timing_sensitivity,
 )
+from serving_lab.pairing import Sides, same_policy
 from sim.hardware import HardwareProfile
 
 TOLERANCE_PCT = 20.0  # the issue's, for a case during which the machine kept one speed

@@ -93,7 +93,8 @@ def test_batch_sweep_explains_the_speed_up_by_tokens_per_step_over_verify_cost()
     once), so the speed-up is about tokens per step; a bigger batch makes the verify dearer. (At batch 1 decode
     steps dominate the run; at large batch the prompts' prefill steps weigh in too, so only batch 1 is held to
     speed-up ~ tokens_per_step / verify_cost.)"""
-    from serving_lab.experiments import Sides, speculation_batch_sweep
+    from course.speculative_decoding import speculation_batch_sweep
+    from serving_lab.pairing import Sides
 
     one, big = speculation_batch_sweep([1, 64], 0.5, Sides(arch="llama-3.1-8b", hardware="h100-sxm", measure=False))
     assert one["verify_cost"] == pytest.approx(1.0, abs=0.1)

@@ -3,7 +3,7 @@
 E04.1 is what `extend_block_hashes` (ref_engine/core/block_hash.py) and
 `KVCacheManager.get_computed_blocks` (ref_engine/core/kv_cache_manager.py) do, without the block pool:
 the cache is a plain dict from hash to the block's tokens. E04.2 is the whole-block arithmetic the
-simulator's hits follow (`hit_rate_sweep` in serving_lab/experiments/prefix.py prints the same formula).
+simulator's hits follow (`hit_rate_sweep` in course/prefix_caching.py prints the same formula).
 E04.3 is the stub's code with its bug fixed.
 
 Lesson: lessons/04-prefix-caching.md#exercises

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serving_lab.experiments.architecture import TracedRequest, ttft_breakdown
+from course.architecture_map import TracedRequest, ttft_breakdown
 
 __all__ = ["first_step", "queue_time", "ttft_parts"]
 

@@ -1,5 +1,7 @@
-"""Lesson 5's experiments: speculative decoding (measured and replayed speed-ups, the batch-size sweeps
+"""Lesson 5: speculative decoding (measured and replayed speed-ups, the batch-size sweeps
 measured and simulated, acceptance by temperature, a draft model on a simulated GPU).
+
+`propose_verify` draws one speculative step; `demo` is `serving-lab demo speculation`.
 
 Lesson: lessons/05-speculative-decoding.md.
 """
@@ -10,11 +12,13 @@ from collections.abc import Iterable
 from statistics import median
 from typing import Any
 
+from course.demo import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
+from course.drawing import COLORS, canvas, cell_row
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.math_utils import cdiv
 from ref_engine.core.metrics import RunMetrics, spec_decode_counts
 from ref_engine.core.workload import Workload
-from serving_lab.experiments.common import Sides, machine_slowdown, metrics_row
+from serving_lab.pairing import Sides, machine_slowdown, metrics_row
 from sim.cost_model import BatchShape, CostModel
 from sim.simulator import Simulator
 from sim.spec_decode import AcceptanceRate, AcceptanceReplay, expected_tokens_per_step
@@ -222,3 +226,61 @@ def measured_verify_cost(plain: RunMetrics, spec: RunMetrics, k: int = EngineCon
     if not verify or not decode:
         raise ValueError("need steps in which every request verified k drafts, and plain decode steps")
     return median(verify) / median(decode)
+
+
+# ---- the diagram ----
+
+
+def propose_verify(k: int = 4, accepted: int = 2):
+    """Lesson 5: a proposer drafts k tokens, one target pass scores k + 1 positions, the longest agreeing prefix
+    is kept plus one token from the target, so every step emits between 1 and k + 1 tokens."""
+    fig, ax = canvas(11, 3.8, (0, 12), (0, 4.6))
+    ax.text(0.1, 3.9, f"1. propose (n-gram lookup, a draft model, EAGLE/Medusa heads): {k} draft tokens",
+            fontsize=9)
+    cell_row(ax, 0.4, 3.1, ["context", *[f"d{i + 1}" for i in range(k)]], ["#eee", *[COLORS[3]] * k], width=1.1)
+    ax.text(0.1, 2.4, f"2. verify: one target forward over the last token + {k} drafts scores {k + 1} positions",
+            fontsize=9)
+    marks = ["ok"] * accepted + ["reject"] + ["-"] * (k - accepted - 1)
+    colors = [COLORS[2]] * accepted + ["#f4cccc"] + ["#eee"] * (k - accepted - 1)
+    cell_row(ax, 1.5, 1.6, marks, colors, width=1.1)
+    ax.text(0.1, 0.9, f"3. emit d1..d{accepted} and the target's own token at position {accepted + 1} "
+            f"({accepted + 1} tokens this step); the rejected drafts' KV slots are given back", fontsize=9)
+    cell_row(ax, 1.5, 0.1, [*[f"d{i + 1}" for i in range(accepted)], "t*"], [COLORS[2]] * accepted + [COLORS[0]],
+             width=1.1)
+    ax.set_title("Speculative decoding: propose k, verify in one pass, keep the agreeing prefix + 1", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+# ---- the demo (serving-lab demo) ----
+
+DEMO_PRESETS = {"full": dict(output_len=48, repeats=2, gpu_batches=(1, 8, 64, 256)),
+           "fast": dict(output_len=8, repeats=1, gpu_batches=(1, 16))}
+CONFIGS = {"off": EngineConfig(), "ngram": EngineConfig(speculative_method="ngram")}
+GPU_ACCEPTANCE = 0.5  # the chance a draft token is accepted, as notebook 05's sweep assumes
+
+
+def demo(context: DemoContext) -> DemoReport:
+    """Prompt-lookup (n-gram) speculation on a copy task, on the engine and in the simulator
+    (`speculation`). The simulator replays the engine's accepted drafts, so both sides take the same steps and
+    accept the same tokens; whether the speed-up survives is this machine's price of a verify step. Then the
+    batch-size sweep on a simulated H100, where the speed-up fades as decode turns compute-bound."""
+    p = context.preset(DEMO_PRESETS)
+    prompts = grounded_prompts(context.model.tokenizer, 1)
+    rows = speculation(prompts, CONFIGS, context.sides(p["repeats"]), output_len=p["output_len"])
+    speedup = speedups(rows)
+    gpu = speculation_batch_sweep(p["gpu_batches"], GPU_ACCEPTANCE, GPU)
+    labels = ("config",)
+    comparison = side_by_side(rows, labels, ("output_throughput", "num_steps", "num_accepted_tokens"))
+    figure, (what_if,) = plot_comparison(comparison, labels, "prompt lookup on \"copy this text\" "
+                                         "(steps and accepted tokens: the engine's, replayed)")
+    what_if.plot([r["batch"] for r in gpu], [r["speedup"] for r in gpu], "o-")
+    what_if.axhline(1, color="grey", lw=0.8)
+    what_if.set(xscale="log", xlabel="batch size", ylabel="speed-up",
+                title=f"{gpu_name()}, acceptance {GPU_ACCEPTANCE}")
+    return DemoReport(comparison, labels, figure, notes=[
+        f"speed-up of ngram over off: measured {speedup[('ngram', 'measured')]:.2f}x, "
+        f"simulated {speedup[('ngram', 'simulated')]:.2f}x",
+        f"GPU what-if, {gpu_name()}: at acceptance {GPU_ACCEPTANCE}, speed-up "
+        + ", ".join(f"{r['speedup']:.2f}x at batch {r['batch']}" for r in gpu),
+    ])

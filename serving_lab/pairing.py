@@ -1,6 +1,9 @@
-"""What every lesson experiment shares: the two sides (`Sides`), running one workload on both (`run_pair`,
-`paired_rows` for many `Job`s), the rows they return (`metrics_row`), and the checks and tables notebooks
-apply to them.
+"""The engine-and-simulator pairing: the two sides (`Sides`), one workload run on both (`run_pair`, `paired_rows`
+for many `Job`s, `measured_runs` for the engine's interleaved repeats), the rows they return (`metrics_row`),
+how far the machine ran from its profile (`machine_slowdown`), and the checks and tables applied to the rows.
+
+Fidelity, the sweep's measured points, the capstone report and every lesson's experiment (the course)
+compare through it, so all of them compare the same way; the command line prints its tables (`format_table`).
 
 Rows are plain dicts: `RunMetrics` fields plus `side` ("measured" | "simulated") and, on simulated rows,
 `*_err_pct`, the simulated number's error relative to the measured one. The engine is only imported when a

@@ -7,6 +7,8 @@ timeline (GET /debug/trace/<id>), and `traced_load` does the same for requests s
 `ttft_breakdown` and `step_rows` say where the time went, box by box, on one clock; `simulated_request`
 and `load_rows` put the simulator's prediction (this machine's calibrated profile) next to the measurement.
 
+`request_sequence` draws one streamed request as a sequence diagram; `demo` is `serving-lab demo serve`.
+
 Lesson: lessons/06-architecture-map.md#one-request-traced
 """
 
@@ -22,15 +24,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import median
+from statistics import fmean, median
 from typing import Any
 
 import httpx
 
+from course.demo import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
+from course.drawing import ARROW, COLORS, arrow, box, canvas
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import relative_error
 from ref_engine.core.workload import Workload, WorkloadRequest
-from serving_lab.experiments.common import Sides
+from serving_lab.pairing import Sides
 from sim.cost_model import BatchShape
 
 # ---- the diagram ----
@@ -122,7 +126,7 @@ class TracedServer:
         self.client = httpx.Client(timeout=300)  # one client, reused: a new one costs an SSL context
 
     def __enter__(self) -> TracedServer:
-        root = str(Path(__file__).resolve().parents[2])  # the repository, importable in the child as here
+        root = str(Path(__file__).resolve().parents[1])  # the repository, importable in the child as here
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "serving_lab.cli", "serve", "--port", str(self.port), "--trace-requests",
@@ -231,8 +235,8 @@ def ttft_breakdown(traced: TracedRequest) -> list[dict[str, Any]]:
             ("network", "uvicorn's write, to the client", traced.chunks[0])]
     ttft = traced.chunks[0] - traced.sent
     rows, previous = [], traced.sent
-    for box, what, end in path:
-        rows.append({"box": box, "what": what, "ms": 1000 * (end - previous),
+    for where, what, end in path:
+        rows.append({"box": where, "what": what, "ms": 1000 * (end - previous),
                      "share_pct": 100 * (end - previous) / ttft})
         previous = end
     return rows
@@ -345,3 +349,85 @@ def admission_order(load: list[TracedRequest]) -> tuple[list[str], list[str]]:
     by_queued = sorted(load, key=lambda t: t.times("queued")[0])
     by_scheduled = sorted(load, key=lambda t: (t.times("scheduled")[0], t.times("queued")[0]))
     return [t.request_id for t in by_queued], [t.request_id for t in by_scheduled]
+
+
+# ---- the diagram ----
+
+
+def request_sequence():
+    """Lesson 6: the sequence diagram of one streamed request, numbered as the lesson's table and trace are."""
+    lanes = ["client", "API server", "engine core", "scheduler +\nKV cache", "model runner\n+ sampler"]
+    messages = [(0, 1, "1 POST /v1/completions"), (1, 1, "2 tokenize, check length"),
+                (1, 2, "3 EngineCoreRequest (ZeroMQ)"), (2, 3, "4-6 schedule: admit, allocate slots"),
+                (2, 4, "7-9 forward + sample"), (4, 2, "token"), (2, 2, "10 detokenize"),
+                (2, 1, "11 outputs (ZeroMQ)"), (1, 0, "12 SSE chunk"), (2, 3, "next step: 4-12 again ...")]
+    fig, ax = canvas(11, 5.6, (-0.5, len(lanes) * 2.4 - 1.5), (0, len(messages) + 1.8))
+    top = len(messages) + 1
+    for i, lane in enumerate(lanes):
+        x = i * 2.4
+        box(ax, x, top + 0.3, lane, COLORS[i % len(COLORS)], fontsize=8.5)
+        ax.plot([x, x], [0.2, top - 0.2], color="#999", lw=1, ls="--")
+    for row, (src, dst, label) in enumerate(messages):
+        y = top - 1 - row
+        if src == dst:  # work inside one box: a short loop
+            ax.annotate("", (src * 2.4 + 0.05, y - 0.35), (src * 2.4 + 0.05, y),
+                        arrowprops=dict(arrowstyle="-|>", color=ARROW, connectionstyle="arc3,rad=-1.2"))
+            ax.text(src * 2.4 + 0.35, y - 0.2, label, fontsize=7.5, color="#a33", va="center")
+        else:
+            arrow(ax, (src * 2.4, y), (dst * 2.4, y), label, fontsize=7.5, offset=(0, 0.04))
+    ax.set_title("One streamed request, box by box (the numbers are lesson 6's table and trace events)", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+# ---- the demo (serving-lab demo) ----
+
+DEMO_PRESETS = {  # notebook 06's fast sizes
+    "full": dict(prompt_len=64, output_len=8, burst=6, burst_prompt_len=32, max_num_seqs=2),
+    "fast": dict(prompt_len=16, output_len=3, burst=3, burst_prompt_len=8, max_num_seqs=2),
+}
+
+
+def demo(context: DemoContext) -> DemoReport:
+    """The OpenAI-compatible server (`serving-lab serve --trace-requests`, started as a user
+    would, `TracedServer`), one streamed request traced through its boxes and then a burst that queues behind
+    `max_num_seqs`, each beside the simulator's prediction of the same requests (`simulated_request`,
+    `load_rows`). The simulator models the engine core, so its error is against the core's clock; the client's
+    numbers add HTTP, tokenization and ZeroMQ. Then the same request on a simulated H100."""
+    p = context.preset(DEMO_PRESETS)
+    config = EngineConfig(max_num_seqs=p["max_num_seqs"])
+    model = (context.model_path,) if context.model_path else ()  # `serve MODEL`, as `vllm serve`
+    with TracedServer("--max-num-seqs", str(p["max_num_seqs"]), *model) as server:
+        one = trace_request(server, p["prompt_len"], p["output_len"], "demo-one")
+        burst = traced_load(server, p["burst"], p["burst_prompt_len"], p["output_len"], prefix="demo-burst")
+    sides = Sides(arch=context.model.arch, hardware=context.profile, measure=False)
+    # (measured, simulated) rows as the other experiments make them: the request alone on both clocks ...
+    prediction = simulated_request(one, sides, config)
+    slowdown, prefill_slowdown = request_slowdown(one, sides)
+    alone = []
+    for clock, column in (("engine core", "engine_core"), ("client", "client")):
+        alone_on = {"requests": "one alone", "clock": clock}
+        alone += [{**alone_on, "side": "measured", "slowdown": slowdown, "prefill_slowdown": prefill_slowdown,
+                   **{r["metric"]: r[column] for r in prediction}},
+                  {**alone_on, "side": "simulated", **{r["metric"]: r["simulated"] for r in prediction}}]
+    # ... and the burst's means on the core's clock
+    queued = load_rows(burst, sides, config)
+    means = {"requests": f"burst of {p['burst']}, mean", "clock": "engine core"}
+    burst_means = [{**means, "side": side, **{metric: fmean(r[f"{prefix}{metric}"] for r in queued)
+                                              for metric in ("queue_ms", "ttft_ms")}}
+                   for side, prefix in (("measured", ""), ("simulated", "sim_"))]
+    columns = ("requests", "clock")
+    comparison = (side_by_side(alone, columns, ("ttft_ms", "itl_ms"))
+                  + side_by_side(burst_means, columns, ("queue_ms", "ttft_ms")))
+    figure, (queue,) = plot_comparison(comparison, columns, f"serving-lab serve, max_num_seqs={p['max_num_seqs']}: one "
+                                       f"request alone ({p['prompt_len']} tokens in, {p['output_len']} out), then a "
+                                       f"burst of {p['burst']} ({p['burst_prompt_len']} in): measured vs simulated")
+    queue.plot([r["queue_ms"] for r in queued], "s-", label="measured")
+    queue.plot([r["sim_queue_ms"] for r in queued], "o--", label="simulated")
+    queue.set(xticks=range(len(queued)), xlabel="burst request, in the order it reached the core",
+              ylabel="queue time (ms)")
+    queue.legend(fontsize=7)
+    gpu = {r["metric"]: r["simulated"] for r in simulated_request(one, GPU, config)}
+    return DemoReport(comparison, columns, figure, notes=[
+        f"GPU what-if, {gpu_name()}: the same request alone: TTFT {gpu['ttft_ms']:.1f} ms, ITL {gpu['itl_ms']:.1f} ms",
+    ])

@@ -1,4 +1,6 @@
-"""Lesson 4's experiments: prefix caching (warm-prefix TTFT, hit rates, eviction, tenant isolation, chat).
+"""Lesson 4: prefix caching (warm-prefix TTFT, hit rates, eviction, tenant isolation, chat).
+
+`hash_chain` draws the hash chain; `demo` is `serving-lab demo prefix`.
 
 Lesson: lessons/04-prefix-caching.md.
 """
@@ -8,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from course.demo import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
+from course.drawing import COLORS, arrow, box, canvas
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.workload import LengthSpec, Workload
-from serving_lab.experiments.common import Job, Sides, paired_rows, pairs
+from serving_lab.pairing import Job, Sides, paired_rows, pairs
 
 
 def _prefix_config(block_size: int, caching: bool, num_kv_blocks: int, max_num_seqs: int = 16,
@@ -122,3 +126,68 @@ def chat_replay(sides: Sides, *, num_conversations: int = 4, num_turns: int = 3,
                  warmup=tuple(rounds[:k]))
             for k in range(num_turns) for caching in (False, True)]
     return _with_hits(paired_rows(jobs, sides))
+
+
+# ---- the diagram ----
+
+
+def hash_chain():
+    """Lesson 4: each full block's hash chains its parent's, so a hit on block i means blocks 0..i all match."""
+    fig, ax = canvas(11, 4.2, (0, 12), (0, 5))
+    y = {"first request": 3.6, "second request": 1.5}
+    for label, row in y.items():
+        ax.text(0.1, row + 0.75, label, fontsize=9, weight="bold")
+    first = [box(ax, 1.6 + 2.6 * i, y["first request"], text, COLORS[0] if i < 2 else "white", fontsize=7.5)
+             for i, text in enumerate(["system prompt\ntokens 0-15\nh0 = H(None, t0..15)",
+                                       "system prompt\ntokens 16-31\nh1 = H(h0, t16..31)",
+                                       "question A\ntokens 32-47\nh2 = H(h1, t32..47)",
+                                       "tokens 48-50\n(partial block:\nnot hashed)"])]
+    second = [box(ax, 1.6 + 2.6 * i, y["second request"], text, COLORS[2] if i < 2 else "white", fontsize=7.5)
+              for i, text in enumerate(["same 16 tokens\nh0: hit", "same 16 tokens\nh1: hit",
+                                        "question B\nh2' != h2: miss", "..."])]
+    for row in (first, second):
+        for a, b in zip(row, row[1:]):
+            arrow(ax, a, b, "parent", fontsize=7)
+    for a, b in zip(first[:2], second[:2]):
+        arrow(ax, a, b, "", color="#2a7", linestyle="dashed")
+    ax.text(6.0, 0.3, "cached blocks are found by hash; the second request's prefill starts at token 32 "
+            "(extra keys such as cache_salt enter h0)", ha="center", fontsize=8, color="#555")
+    ax.set_title("Prefix caching: a hash chain over full blocks", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+# ---- the demo (serving-lab demo) ----
+
+DEMO_PRESETS = {
+    "full": dict(prefix_lens=(0, 128, 256), repeats=2, requests_per_group=4, suffix_len=32, output_len=4),
+    "fast": dict(prefix_lens=(0, 32), repeats=1, requests_per_group=2, suffix_len=8, output_len=2, num_kv_blocks=32),
+}
+GPU_PREFIX_LENS = (0, 512, 1024, 2048)
+GPU_TTFT = dict(requests_per_group=16, suffix_len=50, output_len=64, num_kv_blocks=8192)  # as notebook 04's
+
+
+def demo(context: DemoContext) -> DemoReport:
+    """Requests sharing a system prompt, with prefix caching off and on, after one warm-up
+    request (`shared_prefix_ttft`). The core decides the hits, so both sides hit the same tokens; with the cache
+    warm, TTFT stops growing with the prefix. Then the same on a simulated H100 with the papers' prefix lengths."""
+    p = dict(context.preset(DEMO_PRESETS))
+    rows = shared_prefix_ttft(p.pop("prefix_lens"), context.sides(p.pop("repeats")), **p)
+    gpu = {(r["prefix_len"], r["caching"]): r for r in shared_prefix_ttft(GPU_PREFIX_LENS, GPU, **GPU_TTFT)}
+    labels = ("prefix_len", "caching")
+    comparison = side_by_side(rows, labels, ("mean_ttft_ms", "prefix_cache_hits"))
+    figure, (what_if,) = plot_comparison(comparison, labels, f"{p['requests_per_group']} requests sharing a system "
+                                         "prompt, prefix caching off vs on (hits: decided by the core)")
+    for caching in (False, True):
+        what_if.plot(GPU_PREFIX_LENS, [gpu[(n, caching)]["mean_ttft_ms"] for n in GPU_PREFIX_LENS], "o-",
+                     label=f"caching {'on' if caching else 'off'}")
+    what_if.set(xlabel="shared prefix (tokens)", ylabel="mean TTFT (ms)", title=gpu_name())
+    what_if.legend(fontsize=7)
+    longest = GPU_PREFIX_LENS[-1]
+    cold, warm = gpu[(longest, False)], gpu[(longest, True)]
+    return DemoReport(comparison, labels, figure, notes=[
+        f"GPU what-if, {gpu_name()}: a warm {longest}-token prefix cuts mean TTFT {cold['mean_ttft_ms']:.0f} -> "
+        f"{warm['mean_ttft_ms']:.0f} ms and raises output throughput "
+        f"{warm['output_throughput'] / cold['output_throughput']:.2f}x "
+        f"({GPU_TTFT['requests_per_group']} requests, {GPU_TTFT['suffix_len']}-token questions)",
+    ])

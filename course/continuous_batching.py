@@ -1,4 +1,6 @@
-"""Lesson 1's experiments: the cost of a step, static vs continuous batching, load and capacity.
+"""Lesson 1: continuous batching. The cost of a step, static vs continuous batching, load and capacity.
+
+`step_loop` draws the engine loop; `demo` is `serving-lab demo batching`.
 
 Lesson: lessons/01-continuous-batching.md.
 """
@@ -11,11 +13,13 @@ from typing import Any
 
 import simpy
 
+from course.demo import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
+from course.drawing import COLORS, arrow, box, canvas
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.math_utils import cdiv
 from ref_engine.core.metrics import RunMetrics, relative_error
 from ref_engine.core.workload import Exponential, LengthSpec, Workload
-from serving_lab.experiments.common import Sides, run_pair
+from serving_lab.pairing import Sides, run_pair
 from sim.cost_model import BatchShape
 
 
@@ -202,3 +206,65 @@ def plot_timeline(ax: Any, metrics: RunMetrics, label: str | None = None, **styl
     ax.stairs([s.num_seqs for s in steps], edges, label=label, **style)
     ax.set_xlabel("time (s)")
     ax.set_ylabel("requests in the step")
+
+
+# ---- the diagram ----
+
+
+def step_loop():
+    """Lesson 1: the engine loop. Every step the scheduler re-forms the batch (iteration-level scheduling)."""
+    fig, ax = canvas(9, 5, (0, 10), (0, 6))
+    waiting = box(ax, 1.4, 3, "waiting queue\n(new requests arrive)", COLORS[3])
+    schedule = box(ax, 5, 5.1, "Scheduler.schedule()\nrunning first, then waiting,\nwithin max_num_batched_tokens,\n"
+                   "max_num_seqs and free KV blocks", COLORS[0])
+    forward = box(ax, 8.4, 3, "ModelRunner.execute_model()\none forward pass over\nevery scheduled token", COLORS[1])
+    sample = box(ax, 5, 0.9, "Sampler: one token per\nrequest that finished its prompt", COLORS[2])
+    update = box(ax, 5, 3, "update_from_output()\nappend tokens; finished\nrequests free their blocks", "white")
+    arrow(ax, waiting, schedule, "admit", rad=-0.2)
+    arrow(ax, schedule, forward, "SchedulerOutput", rad=-0.2)
+    arrow(ax, forward, sample, "logits", rad=-0.2)
+    arrow(ax, sample, update, "", rad=0)
+    arrow(ax, update, schedule, "next step", rad=0, offset=(0.55, -0.1))
+    arrow(ax, update, waiting, "preempted\n(recompute)", rad=0.0, offset=(0, -0.55))
+    ax.text(8.4, 1.0, "finished -> client\n(TTFT, ITL measured here)", ha="center", fontsize=8, color="#555")
+    ax.set_title("One engine step: schedule, forward, sample, update; repeat", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+# ---- the demo (serving-lab demo) ----
+
+DEMO_PRESETS = {  # on the GPU profile, notebook 01's caps (outputs Exp(128), 64-token prompts, max_num_seqs 64)
+    "full": dict(caps=(16, 96), num_requests=16, prompt_len=64, mean_output=32, max_num_seqs=8,
+                 gpu_caps=(32, 128, 512, 1536), gpu_requests=512),
+    "fast": dict(caps=(8,), num_requests=4, prompt_len=8, mean_output=6, max_num_seqs=2, gpu_caps=(32, 512),
+                 gpu_requests=96),
+}
+
+
+def demo(context: DemoContext) -> DemoReport:
+    """Static vs continuous batching on the engine and in the simulator (`static_vs_continuous`),
+    then the same question on a simulated H100, where the gain grows with the spread of output lengths."""
+    p = context.preset(DEMO_PRESETS)
+    rows = static_vs_continuous(p["caps"], context.sides(), num_requests=p["num_requests"],
+                                prompt_len=p["prompt_len"], mean_output=p["mean_output"],
+                                max_num_seqs=p["max_num_seqs"])
+    ratios = {(r["cap"], r["side"]): r["ratio"] for r in throughput_ratios(rows)}
+    gpu = throughput_ratios(static_vs_continuous(p["gpu_caps"], GPU, num_requests=p["gpu_requests"], prompt_len=64,
+                                                 mean_output=128, max_num_seqs=64))
+    labels = ("cap", "scheduling")
+    comparison = side_by_side(rows, labels, ("output_throughput", "mean_ttft_ms"))
+    figure, (what_if,) = plot_comparison(comparison, labels, "static vs continuous batching, engine and simulator")
+    what_if.plot([r["cap"] for r in gpu], [r["ratio"] for r in gpu], "s--", label=gpu_name())
+    for side, style in (("measured", "o-"), ("simulated", "x:")):
+        what_if.plot(p["caps"], [ratios[(cap, side)] for cap in p["caps"]], style, label=f"this machine, {side}")
+    what_if.set(xscale="log", xlabel="output-length cap (tokens)", ylabel="continuous / static throughput")
+    what_if.legend(fontsize=7)
+    return DemoReport(comparison, labels, figure, notes=[
+        "continuous / static output throughput: " + "; ".join(
+            f"cap {cap}: measured {ratios[(cap, 'measured')]:.2f}x, simulated {ratios[(cap, 'simulated')]:.2f}x"
+            for cap in p["caps"]),
+        f"GPU what-if, {gpu_name()}: continuous / static "
+        + ", ".join(f"{r['ratio']:.2f}x at cap {r['cap']}" for r in gpu)
+        + f" ({p['gpu_requests']} requests, outputs Exp(128), max_num_seqs 64)",
+    ])

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from serving_lab.calibrate import unsteady_fit
-from serving_lab.experiments.common import drift_note, drift_notes, error_check
+from serving_lab.pairing import drift_note, drift_notes, error_check
 from sim.hardware import HardwareProfile
 
 BUSY = 1.15  # a run this many times slower (or faster) than its profile prices it was not in the calibrated state

@@ -1,4 +1,4 @@
-"""Lesson 2's experiments: PagedAttention.
+"""Lesson 2: PagedAttention.
 
 Four experiments (lessons/02-paged-attention.md): KV arithmetic per model (`kv_cache_sizes`,
 `engine_kv_bytes`); the same KV budget under three allocators (`allocation_modes`); the block-size U-shape
@@ -6,6 +6,8 @@ Four experiments (lessons/02-paged-attention.md): KV arithmetic per model (`kv_c
 costs at each block size (`preemption_cost`). Memory numbers (live tokens, reserved slots, preemptions,
 recomputed tokens, swapped blocks) are decided by the shared core, so they are identical on both sides
 for all-at-once workloads; only times differ.
+
+`block_table` draws a block table; `demo` is `serving-lab demo paging`.
 
 Lesson: lessons/02-paged-attention.md.
 """
@@ -18,12 +20,14 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import Any
 
+from course.demo import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
+from course.drawing import COLORS, arrow, canvas, cell_row
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.math_utils import cdiv
 from ref_engine.core.metrics import RunMetrics, relative_error
 from ref_engine.core.workload import LengthSpec, Workload
 from ref_engine.model.arch_config import ArchConfig
-from serving_lab.experiments.common import Job, Sides, paired_rows, pairs, same_policy
+from serving_lab.pairing import Job, Sides, paired_rows, pairs, same_policy
 from sim.cost_model import BatchShape, kv_cache_num_blocks
 from sim.executor import CostModelTimer
 from sim.hardware import HardwareProfile, dtype_bytes
@@ -312,7 +316,7 @@ def preemption_cost(block_sizes: Iterable[int], sides: Sides, *, num_tokens: int
     Simulated rows: the cost model prices the prefill (`BatchShape.prefill`), `link` prices the copies
     (default as in `preemption_modes`). Measured rows (when `sides.measure`): the engine's own prefill step
     of a `num_tokens` prompt (fastest of `sides.repeats`), and the runner's own swap copy
-    (`ModelRunner._copy_blocks`) out and back in on real KV tensors, best of 5."""
+    (`ModelRunner.copy_blocks`) out and back in on real KV tensors, best of 5."""
     rows = []
     for bs in block_sizes:
         config = EngineConfig(block_size=bs, num_kv_blocks=cdiv(num_tokens, bs) + 1,
@@ -357,9 +361,84 @@ def _measure_swap(model: Any, block_size: int, num_blocks: int, repeats: int = 5
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        ModelRunner._copy_blocks(plan, src=device_kv, dst=host_kv)
-        ModelRunner._copy_blocks(plan, src=host_kv, dst=device_kv)
+        ModelRunner.copy_blocks(plan, src=device_kv, dst=host_kv)
+        ModelRunner.copy_blocks(plan, src=host_kv, dst=device_kv)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - start)
     return best
+
+
+# ---- the diagram ----
+
+
+def block_table():
+    """Lesson 2: two requests' logical blocks, their block tables, and the physical blocks of the pool."""
+    fig, ax = canvas(11, 4.6, (0, 13), (0, 6))
+    ax.text(0.1, 5.5, "logical blocks (block_size 4)", fontsize=9, weight="bold")
+    ax.text(5.0, 5.5, "block tables", fontsize=9, weight="bold")
+    ax.text(8.2, 5.5, "block pool (physical KV blocks)", fontsize=9, weight="bold")
+    tables = {"A": (["The cat sat on", "the mat and", "purred"], [7, 1, 4], COLORS[0], 4.2),
+              "B": (["Once upon a time", "there was"], [2, 9], COLORS[1], 1.8)}
+    owner = {}
+    for name, (chunks, table, color, y) in tables.items():
+        ax.text(0.1, y + 0.7, f"request {name}", fontsize=9)
+        cell_row(ax, 0.1, y, chunks, [color] * len(chunks), width=1.5, fontsize=7)
+        cells = cell_row(ax, 5.0, y, [str(b) for b in table], [color] * len(table))
+        for (cx, cy), block in zip(cells, table):
+            owner[block] = (color, (cx, cy))
+    pool = cell_row(ax, 8.2, 2.6, [str(b) for b in range(6)], [owner.get(b, ("white",))[0] for b in range(6)])
+    pool += cell_row(ax, 8.2, 1.9, [str(b) for b in range(6, 12)], [owner.get(b, ("white",))[0] for b in range(6, 12)])
+    for block, (_, (cx, cy)) in owner.items():
+        px, py = pool[block]
+        arrow(ax, (cx, cy - 0.25 if cy > py else cy + 0.25), (px, py + 0.25 if cy > py else py - 0.25),
+              color="#888", rad=0.15)
+    ax.text(8.2, 1.2, "white: free (in the free queue); a block holds 4 tokens' K and V in every layer\n"
+            "slot of token t = table[t // 4] * 4 + t % 4", fontsize=7.5, color="#555")
+    ax.set_title("PagedAttention: a block table maps each request's logical blocks to any free physical block",
+                 fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+# ---- the demo (serving-lab demo) ----
+
+DEMO_PRESETS = {
+    "full": dict(repeats=2, alloc=dict(num_requests=8, prompt_len=(56, 88), output_len=(4, 24), num_kv_blocks=40,
+                                       max_model_len=256)),
+    "fast": dict(repeats=1, alloc=dict(num_requests=4, prompt_len=(8, 16), output_len=(2, 6), num_kv_blocks=6,
+                                       max_model_len=64)),
+}
+# notebook 02's full sizes, on the GPU profile
+GPU_ALLOC = dict(num_requests=64, prompt_len=(200, 400), output_len=(16, 256), num_kv_blocks=1024, max_model_len=2048,
+                 max_num_seqs=64)
+
+
+def demo(context: DemoContext) -> DemoReport:
+    """The same KV pool and workload under contiguous (max_model_len reserved up front),
+    contiguous-exact (an oracle) and paged allocation (`allocation_modes`): the core decides the same steps on
+    both sides, so requests per step match exactly and only times differ; then the simulated H100 picture."""
+    p = context.preset(DEMO_PRESETS)
+    rows = allocation_modes(context.sides(p["repeats"]), **p["alloc"])
+    gpu = {r["allocation"]: r for r in allocation_modes(GPU, **GPU_ALLOC)}
+    (fit,) = kv_cache_sizes([GPU.arch], hardware=GPU.hardware, seq_len=2048)
+    labels = ("allocation",)
+    comparison = side_by_side(rows, labels, ("mean_batch", "output_throughput"))
+    figure, (memory,) = plot_comparison(comparison, labels, f"one KV pool of {p['alloc']['num_kv_blocks']} blocks, "
+                                        "three allocators (requests per step: decided by the core, equal on both sides)")
+    for row in rows:
+        if row["side"] == "measured":
+            plot_memory(memory, row["metrics"], label=row["allocation"])
+    memory.set_title("measured: live tokens (solid) vs reserved slots (dashed)", fontsize=9)
+    memory.legend(fontsize=6)
+    live = ", ".join(f"{r['allocation']} {r['live_fraction']:.0%}" for r in rows if r["side"] == "measured")
+    return DemoReport(comparison, labels, figure, notes=[
+        f"share of reserved KV slots holding a live token (both sides alike): {live}",
+        f"GPU what-if, {gpu_name()}: paged / contiguous throughput "
+        f"{gpu['paged']['output_throughput'] / gpu['contiguous']['output_throughput']:.2f}x, mean batch "
+        f"{gpu['paged']['mean_batch']:.1f} vs {gpu['contiguous']['mean_batch']:.1f} in the same "
+        f"{GPU_ALLOC['num_kv_blocks']}-block pool ({GPU_ALLOC['num_requests']} requests, prompts "
+        f"{'-'.join(map(str, GPU_ALLOC['prompt_len']))}, outputs {'-'.join(map(str, GPU_ALLOC['output_len']))})",
+        f"  the KV room of {fit['where']}: {fit['seqs_that_fit']} 2048-token sequences of {fit['model']} in "
+        f"{fit['dtype']} ({fit['kv_mib_per_seq']:.0f} MiB of KV each)",
+    ])

@@ -1,4 +1,4 @@
-"""Lesson 7's experiments: sweeping the knobs, picking a point per SLO, checking the simulator's ranking on
+"""Lesson 7: the tuning knobs. Sweeping the knobs, picking a point per SLO, checking the simulator's ranking on
 the engine, numerics on the throughput/quality plane, and the roofline floor where tuning stops paying.
 
 - `tuning_manifest`: the example manifest with vLLM's plain knobs (no separate prefill/decode budgets,
@@ -9,6 +9,8 @@ the engine, numerics on the throughput/quality plane, and the roofline floor whe
 - `numerics`: float32, bfloat16 and int8 weights on this CPU, measured: throughput and quality on the eval set;
 - `roofline`: simulated decode throughput against the device's roofline ceiling, by batch size.
 
+`sweep_loop` draws the sweep's loop; `demo` is `serving-lab demo tuning`.
+
 Lesson: lessons/07-tuning-knobs.md
 """
 
@@ -17,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from course.demo import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
+from course.drawing import COLORS, arrow, box, canvas
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.workload import Workload
 from serving_lab.manifest import EXAMPLE_MANIFEST, Manifest, load_manifest
@@ -106,3 +110,66 @@ def roofline(model: str, hardware: HardwareProfile | str, batches: Sequence[int]
         rows.append({"batch": b, "step_ms": 1000 * step_s, "simulated_tok_s": b / step_s,
                      "ceiling_tok_s": min(memory_ceiling, compute_ceiling)})
     return rows
+
+
+# ---- the diagram ----
+
+
+def sweep_loop():
+    """Lesson 7: the simulator sweeps the grid, the SLO picks from the front, the engine checks a few points."""
+    fig, ax = canvas(11, 3.2, (0, 12), (1, 4.2))
+    steps = [("grid.yaml\nknob -> values\n(hundreds of points)", COLORS[3]),
+             ("simulator\nevery point, seconds each\n(calibrated or GPU profile)", COLORS[0]),
+             ("Pareto front\nthroughput vs latency;\ngoodput under the SLO", COLORS[2]),
+             ("engine\nmeasures a few points\n(--measure-front)", COLORS[1]),
+             ("trust the pick?\nSpearman rho of\nsimulated vs measured", COLORS[4])]
+    boxes = [box(ax, 1.2 + 2.4 * i, 2.2, text, color, fontsize=8) for i, (text, color) in enumerate(steps)]
+    for a, b in zip(boxes, boxes[1:]):
+        arrow(ax, a, b)
+    arrow(ax, boxes[-1], boxes[0], "rho low: fix the profile, not the pick", rad=0.25, offset=(0, 1.2))
+    ax.set_title("serving-lab sweep: simulate everything, measure what you will deploy", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+# ---- the demo (serving-lab demo) ----
+
+DEMO_PRESETS = {  # notebook 07's fast CPU sweep: six requests in six, three, two and one waves
+    "full": dict(grid={"max_num_seqs": [1, 2, 3, 6]}, workload="synthetic:6:32:8", repeats=2,
+                 gpu_grid={"max_num_seqs": [8, 32, 128, 256], "max_num_batched_tokens": [256, 1024, 4096]},
+                 gpu_workload="synthetic:150:512:128:60"),
+    "fast": dict(grid={"max_num_seqs": [1, 2]}, workload="synthetic:2:8:2", repeats=1,
+                 gpu_grid={"max_num_seqs": [8, 64]}, gpu_workload="synthetic:24:128:16:60"),
+}
+SLOS = (SLO(ttft_ms=150, tpot_ms=20, label="first_token"), SLO(ttft_ms=500, tpot_ms=8.5, label="smooth"))
+
+
+def demo(context: DemoContext) -> DemoReport:
+    """A `max_num_seqs` sweep in the simulator with every point measured on the engine too
+    (`sweep`), and how well the simulator ranks the points (Spearman's rho); then a GPU sweep, where only
+    the simulator can go, and the point each SLO picks (`slo_picks`)."""
+    p = context.preset(DEMO_PRESETS)
+    result = sweep(p["grid"], p["workload"], context.profile, measure=True, loaded=context.model,
+                          repeats=p["repeats"])
+    simulated = {r["point"]: r for r in result.simulated()}
+    rows = [row for m in result.measured() for row in (m, simulated[m["point"]])]  # (measured, simulated) pairs
+    gpu = sweep(p["gpu_grid"], p["gpu_workload"], GPU.hardware, model=GPU.arch, slos=SLOS)
+    labels = tuple(p["grid"])  # the knobs: each row carries its point's values
+    comparison = side_by_side(rows, labels, ("output_throughput", "mean_ttft_ms"))
+    figure, (what_if,) = plot_comparison(comparison, labels, f"a sweep of {p['workload']} on the engine and in "
+                                         "the simulator")
+    for on_front, style in ((False, dict(color="lightgray")), (True, dict(color="tab:red"))):
+        points = [r for r in gpu.simulated() if r["on_front"] == on_front]
+        what_if.scatter([r["p99_itl_ms"] for r in points], [r["output_throughput"] for r in points], s=14,
+                        label="Pareto front" if on_front else "dominated", **style)
+    what_if.set(xscale="log", xlabel="p99 ITL (ms)", ylabel="output tokens/s",
+                title=f"{gpu_name()}: {len(gpu.simulated())} points")
+    what_if.legend(fontsize=7)
+    rho = result.agreement["rho"]
+    return DemoReport(comparison, labels, figure, notes=[
+        f"rank agreement (Spearman's rho of output throughput, simulated vs measured): {rho:.2f} "
+        f"over {len(result.measured())} points",
+        f"GPU what-if, {gpu_name()}: {p['gpu_workload']}, {len(gpu.simulated())} points; best goodput per SLO: " + "; ".join(
+            f"{pick['slo']} (TTFT {pick['ttft_ms']:g} ms, TPOT {pick['tpot_ms']:g} ms): {pick['best point']}, "
+            f"{pick['goodput']:.2f} req/s" for pick in slo_picks(gpu, SLOS)),
+    ])

@@ -1,4 +1,5 @@
-"""`serving-lab demo`: lesson 1's experiment on the default model, simulated and measured, as a report.
+"""Lesson 0, the course overview (`serving-lab demo`): lesson 1's experiment on the default model, simulated and
+measured, as a report.
 
 It shows the whole kit in a few minutes on a laptop CPU: the real engine answers a chat prompt; this
 machine's calibrated profile is loaded (or measured, once, ~2 minutes); static and continuous batching
@@ -6,7 +7,7 @@ serve the same workload in the engine and in the simulator, side by side with th
 simulator, with a datasheet A100 profile and a 7B model, shows the curve the papers report, where a
 learner's CPU cannot go. Output: `report.md` and `static_vs_continuous.png` in the chosen folder.
 
-Lesson: lessons/01-continuous-batching.md (static vs continuous batching).
+Lesson: lessons/00-orientation.md#quick-start, lessons/01-continuous-batching.md (static vs continuous batching).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from course.continuous_batching import static_vs_continuous
 from ref_engine.core import EngineConfig, Exponential, Workload
 from serving_lab.calibrate import load_or_calibrate
-from serving_lab.experiments import Sides, static_vs_continuous
+from serving_lab.pairing import Sides
 from sim.simulator import Simulator
 
 ENGINE_CAPS = (16, 96)  # output-length caps for the measured comparison (exponential outputs, mean 32)

@@ -1,5 +1,5 @@
-"""Lesson 3's scheduler experiments: the prefill stall, the token-budget dial, capacity under an ITL SLO,
-fairness between tenants, and colocated vs disaggregated serving on a simulated GPU cluster.
+"""Lesson 3: the scheduler. The prefill stall, the token-budget dial, capacity under an ITL SLO, fairness
+between tenants, colocated vs disaggregated serving on a simulated GPU cluster, and a real 1P+1D pair.
 
 - `prefill_stall`: a few requests are decoding when one long prompt arrives. Unchunked, its whole prefill
   is one step and every running decode waits for it (Sarathi-Serve, OSDI'24, Fig 1a); chunked under a
@@ -13,24 +13,39 @@ fairness between tenants, and colocated vs disaggregated serving on a simulated 
   service over time (`service_curves`), the light tenant's TTFT, Jain's index, throughput.
 - `colocated_vs_disaggregated`: simulated `Cluster` goodput under TTFT and TPOT SLOs (DistServe, OSDI'24),
   for colocated replicas and xP+yD on the same number of GPUs, over a rate sweep and a KV-link sweep.
+- `disaggregation_vs_simulated`: token prompts served through `DisaggregatedLLM` (a prefill and a decode
+  engine process, the shared-memory KV connector); the KV link of that very run is fitted (`KVLink.fit`:
+  seconds = latency + bytes / bandwidth over its requests), then the same workload is simulated on a
+  `Cluster` with one prefill and one decode replica joined by that link. The rows compare mean TTFT and
+  ITL, beside the measured prefill / transfer / decode split. The fitted link is this machine's shared
+  memory plus the router's relay of a small message, so it is fast next to a real network; the simulated
+  TTFT then hinges on the step times the profile predicts, which a busy machine stretches. Each engine
+  runs one torch thread, so a profile calibrated with more threads prices its steps too fast: price the
+  pair with `serving_lab.calibrate.load_or_calibrate(model, threads=1)`.
 
-Rows are plain dicts as everywhere in `serving_lab.experiments` (side "measured" | "simulated", `*_err_pct`
-on simulated rows); the real 1P+1D engine is `disaggregation_vs_simulated` in disaggregation.py.
+Rows are plain dicts, as `serving_lab.pairing` makes them (side "measured" | "simulated", `*_err_pct` on
+simulated rows). `pd_layout` draws the two layouts; `demo` is `serving-lab demo scheduler`.
 
-Lesson: lessons/03-chunked-prefill-and-disaggregation.md#the-stall
+Lesson: lessons/03-chunked-prefill-and-disaggregation.md#the-stall,
+lessons/03-chunked-prefill-and-disaggregation.md#disaggregation
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from statistics import median, quantiles
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import fmean, linear_regression, median, quantiles
 from typing import Any
 
+from course.demo import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
+from course.drawing import COLORS, arrow, box, canvas
 from ref_engine.core.config import EngineConfig
 from ref_engine.core.metrics import RunMetrics, relative_error
 from ref_engine.core.workload import Workload, WorkloadRequest
-from serving_lab.experiments.common import Job, Sides, paired_rows, same_policy
+from serving_lab.pairing import Job, Sides, paired_rows, same_policy
 from sim.cluster import Cluster
+from sim.hardware import dtype_bytes
 
 UNCHUNKED = None  # the budget label of a run without chunked prefill
 
@@ -271,3 +286,129 @@ def kv_link_sweep(sides: Sides, bandwidths: dict[str, float], *, rate: float, pr
                      "goodput": m.goodput(ttft_slo_ms, tpot_slo_ms)})
     return rows
 
+
+# ---- a real 1P+1D pair ----
+
+
+@dataclass(frozen=True)
+class KVLink:
+    """A KV link as the simulator's `Cluster` takes it (`kv_link_bandwidth`, `kv_link_latency_s`)."""
+
+    bandwidth: float  # bytes/s
+    latency_s: float
+
+    @classmethod
+    def fit(cls, num_bytes: list[int], seconds: list[float]) -> KVLink:
+        """Least squares of seconds = latency + bytes / bandwidth. When the transfers cannot tell the two apart
+        (one size only, or time not growing with bytes), all the time is charged to bandwidth."""
+        if len(set(num_bytes)) > 1:
+            slope, intercept = linear_regression(num_bytes, seconds)
+            if slope > 0 and intercept >= 0:
+                return cls(1 / slope, intercept)
+        return cls(sum(num_bytes) / sum(seconds), 0.0)
+
+
+def disaggregation_vs_simulated(prompts: list[list[int]], sides: Sides, *, model: str | Path | None = None,
+                                output_len: int = 16, config: EngineConfig | None = None,
+                                dtype: str = "float32") -> list[dict[str, Any]]:
+    """[measured row, simulated row] for `prompts` (token ids, all arriving at once, `output_len` tokens
+    each, greedy) on a 1P+1D pair: `model` (a path; None: SmolLM2) in the engine processes, priced by
+    `sides` (hardware, arch, dtype) in the simulator. `config` serves both engines, as in `Cluster`. Both
+    rows carry `mean_transfer_ms` and `transfer_bytes` (the simulator moves every prompt token's K/V, the
+    engine all but the last token's, in whole blocks)."""
+    from ref_engine.disagg import DisaggregatedLLM
+    from ref_engine.sampling_params import SamplingParams
+
+    config = config or EngineConfig()
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    with DisaggregatedLLM(model, config, config, dtype=dtype) as llm:
+        llm.generate(prompts[0][:8], SamplingParams(max_tokens=2))  # warm-up: first-call costs, not measured
+        timings = [out.disagg_timings for out in llm.generate(prompts, params)]
+    link = KVLink.fit([t.transfer_bytes for t in timings], [t.transfer_s for t in timings])
+    cluster = Cluster(sides.simulated_arch(), sides.hardware, config, num_prefill_replicas=1,
+                      num_decode_replicas=1, kv_link_bandwidth=link.bandwidth, kv_link_latency_s=link.latency_s,
+                      dtype=sides.dtype or dtype)
+    simulated = cluster.run(Workload.from_token_ids(prompts, output_len))
+    cost_model = cluster.simulator.cost_model
+    labels = {"kv_link_gb_per_s": link.bandwidth / 1e9, "kv_link_latency_ms": link.latency_s * 1000}
+    measured = {**labels, "side": "measured",
+                "mean_ttft_ms": 1000 * fmean(t.ttft_s for t in timings),
+                "mean_itl_ms": 1000 * fmean(gap for t in timings for gap in t.itl_s),
+                "mean_prefill_ms": 1000 * fmean(t.prefill_s for t in timings),
+                "mean_transfer_ms": 1000 * fmean(t.transfer_s for t in timings),
+                "mean_decode_ms": 1000 * fmean(t.decode_s for t in timings),
+                "transfer_bytes": sum(t.transfer_bytes for t in timings)}
+    simulated_row = {**labels, "side": "simulated", "mean_ttft_ms": simulated.mean_ttft_ms,
+                     "mean_itl_ms": simulated.mean_itl_ms,
+                     "mean_transfer_ms": 1000 * fmean(cost_model.kv_transfer_time(len(p)) for p in prompts),
+                     "transfer_bytes": sum(len(p) for p in prompts)
+                     * sides.simulated_arch().kv_bytes_per_token(dtype_bytes(cost_model.kv_cache_dtype))}
+    for key in ("mean_ttft_ms", "mean_itl_ms"):
+        simulated_row[f"{key}_err_pct"] = relative_error(simulated_row[key], measured[key])
+    return [measured, simulated_row]
+
+
+# ---- the diagram ----
+
+
+def pd_layout():
+    """Lesson 3: colocated instances with chunked prefill against xP+yD disaggregation and its KV transfer."""
+    fig, ax = canvas(11, 4.8, (0, 12), (0, 6))
+    ax.text(0.1, 5.5, "colocated (chunked prefill)", fontsize=9, weight="bold")
+    router = box(ax, 1.3, 4.5, "router", COLORS[3])
+    for i, y in enumerate((5.0, 4.0)):
+        inst = box(ax, 5.2, y, f"instance {i}: each step mixes decodes and\nprefill chunks within the token budget",
+                   COLORS[0], fontsize=8)
+        arrow(ax, router, inst)
+    ax.text(8.3, 4.5, "one knob trades TTFT for ITL:\nthe token budget", fontsize=8, color="#555", va="center")
+    ax.plot([0.1, 11.9], [3.25, 3.25], color="#ccc", lw=1)
+    ax.text(0.1, 2.8, "disaggregated (xP + yD)", fontsize=9, weight="bold")
+    router2 = box(ax, 1.3, 1.6, "router /\nproxy", COLORS[3])
+    prefill = box(ax, 4.4, 1.6, "prefill instances (x)\nkv_role: producer\ncompute-bound", COLORS[1])
+    decode = box(ax, 9.0, 1.6, "decode instances (y)\nkv_role: consumer\nmemory-bound", COLORS[2])
+    arrow(ax, router2, prefill, "prompt")
+    arrow(ax, prefill, decode, "KV cache over the link\n2 x layers x kv_heads x head_dim\nx bytes x prompt tokens",
+          fontsize=7.5, offset=(0, 0.25))
+    arrow(ax, decode, router2, "output tokens", rad=-0.3, offset=(0, -1.45))
+    ax.set_title("Prefill/decode disaggregation: two pools sized separately, at the price of a KV transfer",
+                 fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+# ---- the demo (serving-lab demo) ----
+
+DEMO_PRESETS = {
+    "full": dict(budgets=(None, 64, 256), num_decodes=4, decode_output_len=24, long_prompt_len=320,
+                 arrival_after_steps=4),
+    "fast": dict(budgets=(None, 16), num_decodes=2, decode_prompt_len=8, decode_output_len=6, long_prompt_len=48,
+                 arrival_after_steps=2),
+}
+GPU_STALL = dict(num_decodes=8, decode_output_len=64, long_prompt_len=1024)  # notebook 03's full sizes
+GPU_BUDGETS = (None, 128, 512)
+
+
+def demo(context: DemoContext) -> DemoReport:
+    """The prefill stall (`prefill_stall`). A few requests are decoding when a long prompt
+    arrives; unchunked, its whole prefill is one step and every decode waits for it; chunked under a token
+    budget, the decodes keep their pace and the long prompt's first token comes a little later. Then the same on
+    a simulated H100."""
+    p = dict(context.preset(DEMO_PRESETS))
+    rows = prefill_stall(p.pop("budgets"), context.sides(), **p)
+    gpu = prefill_stall(GPU_BUDGETS, GPU, **GPU_STALL)
+    labels = ("budget",)
+    comparison = side_by_side(rows, labels, ("decode_max_itl_ms", "long_ttft_ms"))
+    figure, (what_if,) = plot_comparison(comparison, labels, f"{p['num_decodes']} decodes running when a "
+                                         f"{p['long_prompt_len']}-token prompt arrives")
+    x = range(len(gpu))
+    what_if.bar([i - 0.2 for i in x], [r["decode_max_itl_ms"] for r in gpu], 0.4, label="decodes' longest gap")
+    what_if.bar([i + 0.2 for i in x], [r["long_ttft_ms"] for r in gpu], 0.4, label="long prompt's TTFT")
+    what_if.set_xticks(list(x), [str(r["budget"]) for r in gpu])
+    what_if.set(xlabel="token budget", ylabel="ms", title=gpu_name())
+    what_if.legend(fontsize=7)
+    return DemoReport(comparison, labels, figure, notes=[
+        "decode_max_itl_ms: the longest gap a running decode saw (the stall); long_ttft_ms: the long prompt's TTFT",
+        f"GPU what-if, {gpu_name()}: " + "; ".join(
+            f"budget {r['budget']}: stall {r['decode_max_itl_ms']:.0f} ms, TTFT {r['long_ttft_ms']:.0f} ms"
+            for r in gpu) + f" ({GPU_STALL['num_decodes']} decodes, a {GPU_STALL['long_prompt_len']}-token prompt)",
+    ])

@@ -1,5 +1,6 @@
-"""What every lesson demo shares: what it runs on (`DemoContext`), what it hands back (`DemoReport`), the
-side-by-side table of measured and simulated numbers, the plot, and `run_demo`, which prints and saves them.
+"""What every lesson's demo (`serving-lab demo LESSON`: the `demo` function of its lesson's module) shares:
+what it runs on (`DemoContext`), what it hands back (`DemoReport`), the side-by-side table of measured and
+simulated numbers, the plot, and `run_demo`, which prints and saves them.
 
 The table has one row per configuration and metric: the measured number, the simulated one, the simulator's
 error, and the engine's `slowdown` (its steps' time over the profile's price of them, `machine_slowdown`).
@@ -20,10 +21,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from course import Demo
+from course.claims import machine_note
 from ref_engine.core.metrics import relative_error
-from serving_lab.demos import Demo
-from serving_lab.experiments.claims import machine_note
-from serving_lab.experiments.common import Sides, format_table, pairs
+from serving_lab.pairing import Sides, format_table, pairs
 from sim.hardware import HardwareProfile
 
 # The lessons' GPU what-if: Llama-3.1-8B on a datasheet H100-SXM, simulated only.
@@ -122,7 +123,7 @@ def run_demo(demo: Demo, context: DemoContext, out: str | Path | None = None) ->
     started = time.perf_counter()
     print(f"{demo.name}: {demo.description}\n  lesson: {demo.lesson}"
           + ("\n  fast sizes (--fast): a smoke test, not a measurement" if context.fast else ""))
-    report: DemoReport = importlib.import_module(demo.module).run(context)
+    report: DemoReport = importlib.import_module(demo.module).demo(context)
     profile = context.profile
     fit = profile.provenance.get("fit_mean_abs_error_pct")
     print(f"  engine: {context.model.model_id}; simulator: profile {profile.name}"
