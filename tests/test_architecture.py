@@ -28,10 +28,6 @@ LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 # The import circles between modules that the acyclic contract finds in this tree; they are being broken in
 # the same issue (#28), and its test passes as soon as they are.
-KNOWN_CYCLES = ("ref_engine.core: config, scheduler, scheduler_registry, kv_cache_manager",
-                "serving_lab: bench_predict, bench_serve", "sim: executor, spec_decode")
-
-
 def lint_imports(cwd: Path) -> str:
     """Run the venv's `lint-imports` in `cwd` (which holds pyproject.toml and the packages); its report."""
     if not LINT_IMPORTS.exists():
@@ -67,8 +63,7 @@ def tree_report() -> str:
 @pytest.mark.parametrize("contract_id", [
     "layers",
     "torch-free",
-    pytest.param("acyclic", marks=pytest.mark.xfail(
-        strict=False, reason=f"the circles being broken in issue #28: {'; '.join(KNOWN_CYCLES)}")),
+    "acyclic",
 ])
 def test_contract_holds(tree_report: str, contract_id: str):
     assert verdicts(tree_report)[contract_id] == "KEPT", tree_report
