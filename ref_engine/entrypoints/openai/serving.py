@@ -27,15 +27,15 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ref_engine.async_engine.async_llm import AsyncLLM, EngineGenerateError
 from ref_engine.async_engine.core_client import EngineDeadError
 from ref_engine.entrypoints.openai.admission import Admission, AdmissionRefused, Reservation
-from ref_engine.entrypoints.openai.protocol import UNSUPPORTED, ErrorType, SamplingFields
-from ref_engine.outputs import RequestOutput
+from ref_engine.entrypoints.openai.protocol import UNSUPPORTED, ErrorType, SamplingFields, StreamOptions
+from ref_engine.outputs import CompletionOutput, RequestOutput
 from ref_engine.sampling_params import SamplingParams
 
 ERROR_TYPES: dict[int, ErrorType] = {400: "invalid_request_error", 401: "authentication_error",
@@ -178,6 +178,28 @@ class OpenAIServing:
         """The SSE event that ends a stream which failed after its 200 went out, counted as a failure."""
         self.engine.stat_logger.record_failure(error.reason, error.status)
         return sse(error.body())
+
+    async def stream_sse(self, stream: AsyncIterator[tuple[Choice, RequestOutput]], head: dict[str, Any],
+                         stream_options: StreamOptions | None, num_prompt_tokens: int,
+                         choice_delta: Callable[[Choice, CompletionOutput], dict[str, Any]]) -> AsyncIterator[str]:
+        """The SSE body of a streamed response, the same for both routes but for each choice's delta
+        (`choice_delta`): one chunk per delta, an error event if the engine fails after the 200, the usage
+        chunk when the client asked for it, then `[DONE]`."""
+        num_tokens = 0
+        cached = CachedTokens()
+        try:
+            async for choice, output in stream:
+                cached.add(choice, output)
+                completion = output.outputs[0]
+                num_tokens += len(completion.token_ids)
+                chunk = sse({**head, "choices": [choice_delta(choice, completion)]})
+                self.trace(choice.request_id, "chunk_sent", num_tokens=len(completion.token_ids))
+                yield chunk
+        except OpenAIError as error:
+            yield self.stream_error(error)
+        if stream_options and stream_options.include_usage:
+            yield sse({**head, "choices": [], "usage": usage(num_prompt_tokens, num_tokens, cached)})
+        yield sse("[DONE]")
 
     def trace(self, request_id: str, event: str, **attrs: Any) -> None:
         """Record an API-server event of this HTTP request when the server traces requests."""

@@ -17,7 +17,7 @@ from jinja2 import TemplateError
 from ref_engine.entrypoints.openai.logprobs import chat_logprobs
 from ref_engine.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from ref_engine.entrypoints.openai.serving import (
-    CachedTokens,
+    Choice,
     OpenAIError,
     OpenAIServing,
     accumulate,
@@ -26,6 +26,7 @@ from ref_engine.entrypoints.openai.serving import (
     sse,
     usage,
 )
+from ref_engine.outputs import CompletionOutput
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -73,24 +74,13 @@ class OpenAIServingChat(OpenAIServing):
         for index in indices:
             yield sse({**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
                                             "logprobs": None, "finish_reason": None}]})
-        num_tokens = 0
-        cached = CachedTokens()
-        try:
-            async for choice, output in stream:
-                cached.add(choice, output)
-                completion = output.outputs[0]
-                num_tokens += len(completion.token_ids)
-                chunk = sse({**head, "choices": [{
-                    "index": choice.index, "delta": {"content": completion.text},
+        def delta(choice: Choice, completion: CompletionOutput) -> dict[str, Any]:
+            return {"index": choice.index, "delta": {"content": completion.text},
                     "logprobs": self._logprobs(num_logprobs, completion.token_ids, completion.logprobs),
-                    "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason}]})
-                self.trace(choice.request_id, "chunk_sent", num_tokens=len(completion.token_ids))
-                yield chunk
-        except OpenAIError as error:
-            yield self.stream_error(error)
-        if request.stream_options and request.stream_options.include_usage:
-            yield sse({**head, "choices": [], "usage": usage(num_prompt_tokens, num_tokens, cached)})
-        yield sse("[DONE]")
+                    "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason}
+
+        async for chunk in self.stream_sse(stream, head, request.stream_options, num_prompt_tokens, delta):
+            yield chunk
 
     def _logprobs(self, num: int | None, token_ids: list[int], entries: list | None) -> dict[str, Any] | None:
         if num is None or entries is None:

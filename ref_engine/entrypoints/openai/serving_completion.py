@@ -15,15 +15,15 @@ from typing import Any
 from ref_engine.entrypoints.openai.logprobs import completion_logprobs
 from ref_engine.entrypoints.openai.protocol import CompletionRequest
 from ref_engine.entrypoints.openai.serving import (
-    CachedTokens,
+    Choice,
     OpenAIError,
     OpenAIServing,
     accumulate,
     check_text,
     created,
-    sse,
     usage,
 )
+from ref_engine.outputs import CompletionOutput
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -70,29 +70,18 @@ class OpenAIServingCompletion(OpenAIServing):
         return {**head, "choices": body,
                 "usage": usage(num_prompt_tokens, sum(len(r.token_ids) for r in results.values()), cached)}
 
-    async def _stream(self, stream: AsyncIterator, head: dict[str, Any], request: CompletionRequest,
-                      num_prompt_tokens: int) -> AsyncIterator[str]:
-        num_tokens = 0
-        text_offsets: dict[int, int] = {}
-        cached = CachedTokens()
-        try:
-            async for choice, output in stream:
-                cached.add(choice, output)
-                completion = output.outputs[0]
-                num_tokens += len(completion.token_ids)
-                offset = text_offsets.get(choice.index, 0)
-                text_offsets[choice.index] = offset + len(completion.text)
-                chunk = sse({**head, "choices": [{
-                    "index": choice.index, "text": completion.text, "finish_reason": completion.finish_reason,
+    def _stream(self, stream: AsyncIterator, head: dict[str, Any], request: CompletionRequest,
+                num_prompt_tokens: int) -> AsyncIterator[str]:
+        text_offsets: dict[int, int] = {}  # each choice's text so far, where its logprobs' offsets start
+
+        def delta(choice: Choice, completion: CompletionOutput) -> dict[str, Any]:
+            offset = text_offsets.get(choice.index, 0)
+            text_offsets[choice.index] = offset + len(completion.text)
+            return {"index": choice.index, "text": completion.text, "finish_reason": completion.finish_reason,
                     "stop_reason": completion.stop_reason,
-                    "logprobs": self._logprobs(request, completion.token_ids, completion.logprobs, offset)}]})
-                self.trace(choice.request_id, "chunk_sent", num_tokens=len(completion.token_ids))
-                yield chunk
-        except OpenAIError as error:
-            yield self.stream_error(error)
-        if request.stream_options and request.stream_options.include_usage:
-            yield sse({**head, "choices": [], "usage": usage(num_prompt_tokens, num_tokens, cached)})
-        yield sse("[DONE]")
+                    "logprobs": self._logprobs(request, completion.token_ids, completion.logprobs, offset)}
+
+        return self.stream_sse(stream, head, request.stream_options, num_prompt_tokens, delta)
 
     def _logprobs(self, request: CompletionRequest, token_ids: list[int], entries: list | None,
                   text_offset: int) -> dict[str, Any] | None:
