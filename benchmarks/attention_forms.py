@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from step_profile import median_wall
 
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
 
 BLOCK_SIZE = 16
 

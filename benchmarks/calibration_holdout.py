@@ -21,11 +21,11 @@ from statistics import median
 
 import torch
 
+from core.config import EngineConfig
+from core.metrics import RunMetrics, StepRecord
+from core.workload import Workload
 from course.speculative_decoding import grounded_prompts, measured_verify_cost, priced_verify_cost
 from ref_engine import bench
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.metrics import RunMetrics, StepRecord
-from ref_engine.core.workload import Workload
 from ref_engine.model.loader import LoadedModel, load_model
 from serving_lab.calibrate import calibrate
 from sim.cost_model import BatchShape, CostModel

@@ -29,8 +29,8 @@ from collections.abc import Callable
 import torch
 from transformers import AutoModelForCausalLM
 
+from core.arch_config import ArchConfig
 from ref_engine import LLM, SamplingParams
-from ref_engine.model.arch_config import ArchConfig
 from ref_engine.model.loader import LoadedModel, load_model
 from ref_engine.model.quantization import Int8Linear
 from ref_engine.model.store import default_model_path

@@ -45,9 +45,9 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.workload import Workload
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
+from core.config import EngineConfig
+from core.workload import Workload
 from sim.cost_model import BatchShape, CostModel, model_weight_bytes
 from sim.executor import CostModelTimer
 from sim.hardware import FIT_PATH, HardwareProfile, dtype_bytes

@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 
+from core.config import EngineConfig
+from core.workload import Workload
 from course.chunked_prefill_and_disaggregation import (
     colocated_vs_disaggregated,
     disaggregation_vs_simulated,
@@ -52,8 +54,6 @@ from course.chunked_prefill_and_disaggregation import (
     tenant_fairness,
     weighted_service_ratio,
 )
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.workload import Workload
 from ref_engine.model.loader import LoadedModel, load_model
 from serving_lab.calibrate import load_or_calibrate
 from serving_lab.pairing import Sides, pairs, run_pair

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import httpx
 import torch
 
-from ref_engine.core.metrics import latency_summary
+from core.metrics import latency_summary
 from ref_engine.engine import LLMEngine
 from ref_engine.sampling_params import RequestOutputKind, SamplingParams
 from serving_lab.bench_predict import predict

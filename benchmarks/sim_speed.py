@@ -15,7 +15,7 @@ import platform
 import pstats
 import time
 
-from ref_engine.core import EngineConfig, Exponential, Workload
+from core import EngineConfig, Exponential, Workload
 from sim import Simulator
 
 

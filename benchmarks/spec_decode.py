@@ -17,8 +17,8 @@ import platform
 
 import torch
 
+from core import EngineConfig
 from course.speculative_decoding import CHAT_TEMPLATE, grounded_prompts, speculation
-from ref_engine.core import EngineConfig
 from ref_engine.model.loader import load_model
 from serving_lab.pairing import Sides
 

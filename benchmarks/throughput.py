@@ -17,8 +17,8 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
+from core import EngineConfig, Workload
 from ref_engine import bench
-from ref_engine.core import EngineConfig, Workload
 from ref_engine.model.loader import load_model
 from ref_engine.model.store import default_model_path
 

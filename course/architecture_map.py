@@ -29,11 +29,11 @@ from typing import Any
 
 import httpx
 
+from core.config import EngineConfig
+from core.metrics import relative_error
+from core.workload import Workload, WorkloadRequest
 from course.demo import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
 from course.drawing import ARROW, COLORS, arrow, box, canvas
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.metrics import relative_error
-from ref_engine.core.workload import Workload, WorkloadRequest
 from serving_lab.pairing import Sides
 from sim.cost_model import BatchShape
 

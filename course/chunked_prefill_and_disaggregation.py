@@ -38,11 +38,11 @@ from pathlib import Path
 from statistics import fmean, linear_regression, median, quantiles
 from typing import Any
 
+from core.config import EngineConfig
+from core.metrics import RunMetrics, relative_error
+from core.workload import Workload, WorkloadRequest
 from course.demo import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
 from course.drawing import COLORS, arrow, box, canvas
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.metrics import RunMetrics, relative_error
-from ref_engine.core.workload import Workload, WorkloadRequest
 from serving_lab.pairing import Job, Sides, paired_rows, same_policy
 from sim.cluster import Cluster
 from sim.hardware import dtype_bytes

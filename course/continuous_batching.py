@@ -13,12 +13,12 @@ from typing import Any
 
 import simpy
 
+from core.config import EngineConfig
+from core.math_utils import cdiv
+from core.metrics import RunMetrics, relative_error
+from core.workload import Exponential, LengthSpec, Workload
 from course.demo import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
 from course.drawing import COLORS, arrow, box, canvas
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.math_utils import cdiv
-from ref_engine.core.metrics import RunMetrics, relative_error
-from ref_engine.core.workload import Exponential, LengthSpec, Workload
 from serving_lab.pairing import Sides, run_pair
 from sim.cost_model import BatchShape
 

@@ -21,9 +21,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from core.metrics import relative_error
 from course import Demo
 from course.claims import machine_note
-from ref_engine.core.metrics import relative_error
 from serving_lab.pairing import Sides, format_table, pairs
 from sim.hardware import HardwareProfile
 

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core import EngineConfig, Exponential, Workload
 from course.continuous_batching import static_vs_continuous
-from ref_engine.core import EngineConfig, Exponential, Workload
 from serving_lab.calibrate import load_or_calibrate
 from serving_lab.pairing import Sides
 from sim.simulator import Simulator

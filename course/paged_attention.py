@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import Any
 
+from core.arch_config import ArchConfig
+from core.config import EngineConfig
+from core.math_utils import cdiv
+from core.metrics import RunMetrics, relative_error
+from core.workload import LengthSpec, Workload
 from course.demo import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
 from course.drawing import COLORS, arrow, canvas, cell_row
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.math_utils import cdiv
-from ref_engine.core.metrics import RunMetrics, relative_error
-from ref_engine.core.workload import LengthSpec, Workload
-from ref_engine.model.arch_config import ArchConfig
 from serving_lab.pairing import Job, Sides, paired_rows, pairs, same_policy
 from sim.cost_model import BatchShape, kv_cache_num_blocks
 from sim.executor import CostModelTimer

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from core.config import EngineConfig
+from core.workload import LengthSpec, Workload
 from course.demo import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
 from course.drawing import COLORS, arrow, box, canvas
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.workload import LengthSpec, Workload
 from serving_lab.pairing import Job, Sides, paired_rows, pairs
 
 

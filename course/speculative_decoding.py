@@ -12,12 +12,12 @@ from collections.abc import Iterable
 from statistics import median
 from typing import Any
 
+from core.config import EngineConfig
+from core.math_utils import cdiv
+from core.metrics import RunMetrics, spec_decode_counts
+from core.workload import Workload
 from course.demo import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
 from course.drawing import COLORS, canvas, cell_row
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.math_utils import cdiv
-from ref_engine.core.metrics import RunMetrics, spec_decode_counts
-from ref_engine.core.workload import Workload
 from serving_lab.pairing import Sides, machine_slowdown, metrics_row
 from sim.cost_model import BatchShape, CostModel
 from sim.simulator import Simulator

@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from core.config import EngineConfig
+from core.workload import Workload
 from course.demo import GPU, DemoContext, DemoReport, gpu_name, plot_comparison, side_by_side
 from course.drawing import COLORS, arrow, box, canvas
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.workload import Workload
 from serving_lab.manifest import EXAMPLE_MANIFEST, Manifest, load_manifest
 from serving_lab.sweep import SLO, Sweep, SweepResult, parse_grid, run_sweep
 from sim.cost_model import BatchShape

@@ -1,7 +1,7 @@
 """Serving Lab's minimal real engine: `LLM(...).generate(prompts, SamplingParams(...))`, vLLM-style.
 
-The names below are imported lazily, so `ref_engine.core` and `ref_engine.model.arch_config` (which the
-simulator uses) load without torch.
+The names below are imported lazily, so that importing one part (the tokenizer, a loader) does not build the
+whole engine first. The policies the engine runs are in `core` (torch-free, shared with the simulator).
 """
 
 from importlib import import_module

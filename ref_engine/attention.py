@@ -4,7 +4,7 @@ This module owns three things:
 
 * the **KV cache layout**: per layer one tensor `[2, num_blocks, block_size, num_kv_heads, head_dim]`
   (index 0 holds K, index 1 holds V). A block id means the same slots in every layer, so the block pool
-  in `ref_engine/core/` hands out ids without knowing how many layers there are;
+  in `core/` hands out ids without knowing how many layers there are;
 * `AttentionMetadata`, the description of one flat token batch that the runner builds once per step and
   passes *explicitly* into `model.forward` (there is no global "forward context");
 * `paged_attention`, a pure-torch reference that runs on CPU and CUDA.
@@ -32,9 +32,9 @@ from itertools import accumulate
 import torch
 import torch.nn.functional as F
 
-from ref_engine.core.config import KV_CACHE_DTYPES
-from ref_engine.core.math_utils import cdiv
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
+from core.config import KV_CACHE_DTYPES
+from core.math_utils import cdiv
 
 
 @dataclass

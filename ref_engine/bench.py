@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.metrics import RunMetrics
-from ref_engine.core.workload import Workload
+from core.config import EngineConfig
+from core.metrics import RunMetrics
+from core.workload import Workload
 from ref_engine.engine import LLMEngine
 from ref_engine.model.loader import LoadedModel
 

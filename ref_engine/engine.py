@@ -1,7 +1,7 @@
 """`LLMEngine` and `LLM`: the serving loop around the shared core, on a real model.
 
 One `LLMEngine.step()` is the loop every lesson draws: **schedule -> run the model -> sample -> update**.
-The scheduler and KV cache manager are the torch-free objects of `ref_engine/core` (the simulator runs the
+The scheduler and KV cache manager are the torch-free objects of `core` (the simulator runs the
 same ones); this module adds what needs the model: tokenizing prompts, the runner, the sampler, stop
 strings, and the wall clock. Every step is timed and logged as a `StepRecord`, which is what calibrates the
 simulator.
@@ -54,15 +54,15 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from core.config import EngineConfig
+from core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
+from core.kv_cache_manager import PrefixCacheExplanation
+from core.kv_sizing import num_kv_blocks
+from core.math_utils import cdiv
+from core.metrics import StepRecord
+from core.request import Request, RequestStatus, is_utf8_text
+from core.scheduler import make_scheduler
 from ref_engine.attention import check_kv_cache_dtype, kv_cache_torch_dtype
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
-from ref_engine.core.kv_cache_manager import PrefixCacheExplanation
-from ref_engine.core.kv_sizing import num_kv_blocks
-from ref_engine.core.math_utils import cdiv
-from ref_engine.core.metrics import StepRecord
-from ref_engine.core.request import Request, RequestStatus, is_utf8_text
-from ref_engine.core.scheduler import make_scheduler
 from ref_engine.detokenizer import IncrementalDetokenizer
 from ref_engine.kv_transfer.config import KVTransferConfig
 from ref_engine.kv_transfer.connector import KVTransferParams, make_kv_connector

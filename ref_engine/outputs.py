@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ref_engine.core.kv_cache_manager import PrefixCacheExplanation
+from core.kv_cache_manager import PrefixCacheExplanation
 
 if TYPE_CHECKING:
     from ref_engine.disagg.timings import DisaggTimings

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
+from core.arch_config import ArchConfig
+from core.interfaces import SchedulerOutput
+from core.math_utils import cdiv
 from ref_engine.attention import AttentionMetadata, allocate_kv_cache
-from ref_engine.core.interfaces import SchedulerOutput
-from ref_engine.core.math_utils import cdiv
-from ref_engine.model.arch_config import ArchConfig
 from ref_engine.model.compile import compile_decoder
 
 

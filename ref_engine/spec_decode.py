@@ -35,12 +35,12 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from ref_engine.core.block_pool import BlockPool
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.interfaces import ScheduledRequest, SchedulerOutput
-from ref_engine.core.math_utils import cdiv
-from ref_engine.core.request import Request
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
+from core.block_pool import BlockPool
+from core.config import EngineConfig
+from core.interfaces import ScheduledRequest, SchedulerOutput
+from core.math_utils import cdiv
+from core.request import Request
 from ref_engine.model.loader import LoadedModel, load_model
 from ref_engine.runner import ModelRunner
 from ref_engine.sampler import (

@@ -21,7 +21,7 @@ import itertools
 import math
 from typing import Any
 
-from ref_engine.core.workload import Workload, WorkloadRequest
+from core.workload import Workload, WorkloadRequest
 from serving_lab.bench_requests import BenchRequest, arrival_gaps
 from sim.hardware import HardwareProfile
 

@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ref_engine.core.workload import tenant_sequence
+from core.workload import tenant_sequence
 
 
 @dataclass

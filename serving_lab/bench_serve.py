@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from ref_engine.core.metrics import latency_summary
+from core.metrics import latency_summary
 from serving_lab.bench_requests import (
     BenchRequest,
     arrival_gaps,

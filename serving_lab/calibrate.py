@@ -50,11 +50,11 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.math_utils import cdiv
-from ref_engine.core.metrics import RunMetrics, StepRecord
-from ref_engine.core.workload import Workload
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
+from core.config import EngineConfig
+from core.math_utils import cdiv
+from core.metrics import RunMetrics, StepRecord
+from core.workload import Workload
 from sim.cost_model import ROOFLINE_FEATURE_NAMES, ROOFLINE_UNKNOWNS, BatchShape, CostModel
 from sim.hardware import HardwareProfile
 

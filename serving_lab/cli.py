@@ -11,11 +11,11 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ref_engine.core.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS
+from core.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS
 
 if TYPE_CHECKING:
-    from ref_engine.core.config import EngineConfig
-    from ref_engine.core.metrics import RunMetrics
+    from core.config import EngineConfig
+    from core.metrics import RunMetrics
 
     # what `add_subparsers` returns: each `add_<command>_parser` adds its command to it
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -284,7 +284,7 @@ def _simulate(args: argparse.Namespace) -> None:
 def _tenant_lines(run: RunMetrics, config: EngineConfig, fairness: str) -> list[str]:
     """Per tenant: its requests, its share of the service while every tenant still had work (the window
     `RunMetrics.jain_fairness` judges), its weight's share under fair scheduling, and its TTFT."""
-    from ref_engine.core.request import DEFAULT_TENANT
+    from core.request import DEFAULT_TENANT
 
     fair = config.scheduling_policy == "fair"
     weights = dict(config.tenant_weights or ()) if fair else {}

@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.metrics import relative_error
-from ref_engine.core.workload import Workload
+from core.config import EngineConfig
+from core.metrics import relative_error
+from core.workload import Workload
 from serving_lab.calibrate import DRIFT_TOLERANCE, time_factor
 from serving_lab.pairing import Sides, run_pair
 from sim.hardware import HardwareProfile

@@ -45,10 +45,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.metrics import RunMetrics
+from core.arch_config import DEFAULT_MODEL_NAME, KNOWN_MODELS, ArchConfig
+from core.config import EngineConfig
+from core.metrics import RunMetrics
 from ref_engine.entrypoints.openai.tenants import TenantPolicy
-from ref_engine.model.arch_config import DEFAULT_MODEL_NAME, KNOWN_MODELS, ArchConfig
 
 # The engine's default model (a Q4_1 GGUF of these weights, ref_engine/model/store.py), under the name
 # Hugging Face and vLLM know it by, so the same manifest means the same model on both.

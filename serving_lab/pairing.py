@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.metrics import RunMetrics, relative_error
-from ref_engine.core.workload import Workload
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
+from core.config import EngineConfig
+from core.metrics import RunMetrics, relative_error
+from core.workload import Workload
 from sim.cost_model import BatchShape, CostModel
 from sim.hardware import HardwareProfile
 from sim.simulator import Simulator, resolve_model

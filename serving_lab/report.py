@@ -36,7 +36,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ref_engine.core.metrics import RunMetrics, relative_error
+from core.metrics import RunMetrics, relative_error
 from serving_lab.calibrate import fastest_runs, load_or_calibrate
 from serving_lab.folders import replaced_whole
 from serving_lab.manifest import Manifest, load_manifest

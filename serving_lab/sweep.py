@@ -36,8 +36,8 @@ from typing import Any
 
 import yaml
 
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.metrics import RunMetrics
+from core.config import EngineConfig
+from core.metrics import RunMetrics
 from serving_lab.manifest import Manifest, ManifestError, naming_keys, step_token_budget
 from serving_lab.workload_spec import parse_workload
 from sim.hardware import DTYPE_BYTES, HardwareProfile

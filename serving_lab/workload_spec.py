@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from ref_engine.core.workload import Workload
+from core.workload import Workload
 
 WORKLOAD_SPEC = "synthetic:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE][,tenants=NAME:SHARE,...]"
 

@@ -55,11 +55,11 @@ from typing import Any, Literal, Protocol
 
 import simpy
 
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.metrics import RunMetrics
-from ref_engine.core.request import SERVING_STATE, Request
-from ref_engine.core.workload import Workload
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
+from core.config import EngineConfig
+from core.metrics import RunMetrics
+from core.request import SERVING_STATE, Request
+from core.workload import Workload
 from sim.executor import SimulatedExecutor, feed_arrivals
 from sim.hardware import HardwareProfile
 from sim.simulator import Simulator, resolve_hardware

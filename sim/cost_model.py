@@ -3,7 +3,7 @@
 This module owns the simulator's only notion of time. The simulated executor asks `CostModel.step_time`
 how long the batch the shared scheduler just picked would take, and advances the SimPy clock by that.
 It also sizes a device's KV-cache pool from the model's dims (`kv_cache_num_blocks`, by the engine's own
-rule in ref_engine/core/kv_sizing.py) and prices shipping KV between machines
+rule in core/kv_sizing.py) and prices shipping KV between machines
 (`CostModel.kv_transfer_time`). It never sees a scheduler class: a batch is a `BatchShape`, one
 `(num_new_tokens, num_context_tokens)` pair per scheduled request, where `num_context_tokens` are the
 tokens already in the KV cache before this step. A prefill chunk, a decode token and a 1 + k speculative
@@ -85,10 +85,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.kv_sizing import num_kv_blocks
-from ref_engine.core.metrics import StepRecord
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
+from core.config import EngineConfig
+from core.kv_sizing import num_kv_blocks
+from core.metrics import StepRecord
 from sim.hardware import HardwareProfile, dtype_bytes
 
 Combine = Literal["max", "sum"]
@@ -434,7 +434,7 @@ def kv_cache_num_blocks(arch: ArchConfig, hardware: HardwareProfile, dtype: str 
                         tp: int = 1, *, kv_cache_dtype: str | None = None, activation_reserve_bytes: int | None = None,
                         max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> int:
     """Number of KV blocks that fit on each device of `hardware`, as vLLM sizes its pool after a profiling
-    run (the rule of ref_engine/core/kv_sizing.py, which the engine applies too):
+    run (the rule of core/kv_sizing.py, which the engine applies too):
 
         blocks = floor((memory_bytes * gpu_memory_utilization - weight_bytes / tp - activations)
                        / (block_size * 2 * L * ceil(n_kv_heads / tp) * head_dim * b_kv))

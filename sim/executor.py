@@ -40,10 +40,10 @@ from typing import Protocol
 
 import simpy
 
-from ref_engine.core.interfaces import SchedulerOutput, StepResult
-from ref_engine.core.metrics import RunMetrics, StepRecord
-from ref_engine.core.request import Request
-from ref_engine.core.scheduler import Scheduler
+from core.interfaces import SchedulerOutput, StepResult
+from core.metrics import RunMetrics, StepRecord
+from core.request import Request
+from core.scheduler import Scheduler
 from sim.cost_model import BatchShape
 
 # The token a simulated step "samples". Requests ignore EOS and have no stop tokens, so its value is moot.

@@ -7,7 +7,7 @@ What a profile holds, and why these numbers and no others
     peak_flops[dtype]       dense matrix FLOP/s per compute dtype ("float32", "bfloat16", ...)
     memory_bandwidth        bytes/s between memory and the compute units (HBM on a GPU, DRAM on a CPU)
     memory_bytes            device memory as the driver reports it (nvidia-smi's MiB x 2^20, not the marketing
-                            GB); the KV-cache pool is carved out of it (ref_engine/core/kv_sizing.py),
+                            GB); the KV-cache pool is carved out of it (core/kv_sizing.py),
                             except on a CPU (provenance device_type "cpu"), which gets the engine's fixed pool
     step_overhead_s         fixed cost of one step: scheduling, Python, kernel launches, synchronisation
     per_seq_overhead_s      cost per scheduled request: building its input rows, sampling, bookkeeping
@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ref_engine.core.paths import cache_dir
+from core.paths import cache_dir
 
 # Bytes per element of each dtype name used by profiles and the cost model.
 DTYPE_BYTES: dict[str, int] = {

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ref_engine.core.config import EngineConfig
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
+from core.config import EngineConfig
 from sim.cost_model import BatchShape, CostModel, StepCost
 from sim.hardware import HardwareProfile, dtype_bytes
 

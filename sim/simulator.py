@@ -11,7 +11,7 @@ keyword. Defaults
 - model: SmolLM2-135M, the model the real engine runs in the lessons;
 - hardware: this machine's calibrated profile if serving_lab/calibrate.py has saved one, else the built-in CPU
   estimate, with a warning (`default_hardware`);
-- KV pool: `num_kv_blocks` given here, else the engine's own rule (ref_engine/core/kv_sizing.py):
+- KV pool: `num_kv_blocks` given here, else the engine's own rule (core/kv_sizing.py):
   `config.num_kv_blocks`; `config.kv_cache_memory` bytes / bytes per block; a fixed pool on a CPU
   profile; else the profile's memory x `config.gpu_memory_utilization` - weights - activations, per device
   (weights over tensor_parallel_size x pipeline_parallel_size devices; KV blocks in `kv_cache_dtype`,
@@ -50,12 +50,12 @@ from typing import Any
 
 import simpy
 
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.kv_sizing import num_kv_blocks
-from ref_engine.core.metrics import RunMetrics
-from ref_engine.core.scheduler import make_scheduler
-from ref_engine.core.workload import Workload
-from ref_engine.model.arch_config import DEFAULT_MODEL_NAME, ArchConfig
+from core.arch_config import DEFAULT_MODEL_NAME, ArchConfig
+from core.config import EngineConfig
+from core.kv_sizing import num_kv_blocks
+from core.metrics import RunMetrics
+from core.scheduler import make_scheduler
+from core.workload import Workload
 from sim.cost_model import CostModel, activation_dtype, model_weight_bytes
 from sim.executor import CostModelTimer, SimulatedExecutor, StepTimer, feed_arrivals
 from sim.hardware import DEFAULT_CPU_PROFILE, HardwareProfile, dtype_bytes, load_calibrated_profile

@@ -26,9 +26,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ref_engine.core.interfaces import SchedulerOutput, StepResult
-from ref_engine.core.metrics import StepRecord
-from ref_engine.core.scheduler import Scheduler
+from core.interfaces import SchedulerOutput, StepResult
+from core.metrics import StepRecord
+from core.scheduler import Scheduler
 from sim.cost_model import BatchShape, CostModel
 from sim.executor import DUMMY_TOKEN_ID, StepTimer
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import pairwise
 
-from ref_engine.core import EngineConfig, RunMetrics, Workload
-from ref_engine.model.arch_config import ArchConfig
+from core import EngineConfig, RunMetrics, Workload
+from core.arch_config import ArchConfig
 from sim import Simulator
 from sim.executor import ReplayTimer
 

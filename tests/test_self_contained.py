@@ -97,7 +97,7 @@ def test_a_name_present_in_the_repository_is_fine():
 
 def test_paths_named_in_architecture_exist():
     text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
-    folders = ("ref_engine/", "ref_engine/core/", "sim/", "serving_lab/", "course/", "tests/", "lessons/", "benchmarks/")
+    folders = ("ref_engine/", "core/", "sim/", "serving_lab/", "course/", "tests/", "lessons/", "benchmarks/")
     named = {span for span in re.findall(r"`([\w./*-]+)`", text) if "/" in span or span.endswith((".py", ".md", ".toml"))}
     missing = []
     for span in sorted(named):

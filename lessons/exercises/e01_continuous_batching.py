@@ -5,7 +5,7 @@ Write the bodies below, then check them from the repository root:
     pytest tests/exercises/test_e01_continuous_batching.py --impl=learner          # all three exercises
     pytest tests/exercises/test_e01_continuous_batching.py --impl=learner -k e01_1 # one
 
-The tests compare your answers with the engine's own schedulers (ref_engine/core/scheduler.py), run on
+The tests compare your answers with the engine's own schedulers (core/scheduler.py), run on
 the same inputs; E01.3, a design exercise, serves your plan in the simulator and checks it against its
 targets. Reference solutions: lessons/exercises/solutions/e01_continuous_batching.py.
 
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ref_engine.core.metrics import RunMetrics
-    from ref_engine.core.workload import Workload
+    from core.metrics import RunMetrics
+    from core.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def schedule_step(running: list[ToyRequest], waiting: list[ToyRequest], max_num_
     queue, oldest first (requests there have `num_computed_tokens == 0`). KV memory is plentiful here: no
     request is ever preempted (lesson 2 adds that). Return `{request_id: tokens scheduled this step}`, in
     the order you scheduled them, leaving out requests that get nothing. The rules are the engine's
-    (`Scheduler.schedule` in ref_engine/core/scheduler.py):
+    (`Scheduler.schedule` in core/scheduler.py):
 
     1. Running requests first, in order. Each gets all its remaining tokens (`num_remaining`: 1 when
        decoding, the rest of its prompt if its prefill was cut last step), but never more than the token
@@ -148,14 +148,14 @@ class DeploymentTarget:
     num_requests: int = 200
 
     def workload(self) -> Workload:
-        from ref_engine.core.workload import Exponential, Workload
+        from core.workload import Exponential, Workload
 
         return Workload.synthetic(self.num_requests, self.prompt_len,
                                   Exponential(self.mean_output_len, 4 * self.mean_output_len),
                                   arrival=self.arrival_rate, seed=0, name="e01-3")
 
     def serve(self, plan: DeploymentPlan) -> RunMetrics:
-        from ref_engine.core.config import EngineConfig
+        from core.config import EngineConfig
         from sim.cluster import Cluster
 
         config = EngineConfig(max_num_seqs=plan.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens)

@@ -14,8 +14,8 @@ Lesson: lessons/02-paged-attention.md#exercises
 
 from __future__ import annotations
 
-from ref_engine.core.block_pool import BlockPool
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
+from core.block_pool import BlockPool
 
 
 def kv_bytes_per_token(arch: ArchConfig, dtype_bytes: int = 2) -> int:
@@ -62,7 +62,7 @@ class BlockAllocator:
     so the one freed longest ago is the best to overwrite.
 
     Errors raise `RuntimeError`: asking for more blocks than are free, sharing or freeing a free block.
-    The engine's version is `BlockPool` in ref_engine/core/block_pool.py: try without reading it.
+    The engine's version is `BlockPool` in core/block_pool.py: try without reading it.
 
     Example: with 4 blocks, allocate(3) -> [0, 1, 2]; free([1]); free([0]); allocate(2) -> [3, 1].
 

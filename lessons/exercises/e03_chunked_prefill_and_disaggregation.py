@@ -5,7 +5,7 @@ Write the bodies below, then check them from the repository root:
     pytest tests/exercises/test_e03_chunked_prefill_and_disaggregation.py --impl=learner          # both
     pytest tests/exercises/test_e03_chunked_prefill_and_disaggregation.py --impl=learner -k e03_2 # one
 
-The tests check E03.1 against the engine's fair queue (`FairRequestQueue` in ref_engine/core/fair.py,
+The tests check E03.1 against the engine's fair queue (`FairRequestQueue` in core/fair.py,
 driven with the same counters) and E03.2 against the simulator's `CostModel.kv_transfer_time` and the
 model's `ArchConfig.kv_bytes_per_token`. Reference solutions:
 lessons/exercises/solutions/e03_chunked_prefill_and_disaggregation.py.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
 
 
 def vtc_order(requests: Sequence[tuple[str, int]], weights: Mapping[str, float] | None = None) -> list[int]:

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ref_engine.core.block_hash import (
+from core.block_hash import (
     extend_block_hashes,
     hash_block_tokens,  # noqa: F401  (one link of the chain: use it, don't rewrite it)
 )
-from ref_engine.core.block_pool import BlockPool
+from core.block_pool import BlockPool
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, extra_keys: bytes = b"") -> list[bytes]:

@@ -12,7 +12,7 @@ What counts as what:
   heading slugs are not anchors, because GitHub, VS Code and Jupyter disagree on them;
 - a lesson **uses** a glossary term when it links `../glossary.md#term`;
 - a **code link** is a link to a `.py` file; every backticked name in its text, or right before it
-  (`` `Scheduler.schedule` in [scheduler.py](../ref_engine/core/scheduler.py) ``), must be a class,
+  (`` `Scheduler.schedule` in [scheduler.py](../core/scheduler.py) ``), must be a class,
   function, method, attribute or module-level name of that file;
 - a module docstring's `Lesson:` paragraph may name `lessons/<stem>.md[#anchor]`: the lesson and the anchor
   must exist.

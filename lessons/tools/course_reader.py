@@ -172,8 +172,8 @@ class Course:
     """The course files under `root`, each read once."""
 
     def __init__(self, root: Path = ROOT,
-                 code_dirs: tuple[str, ...] = ("ref_engine", "sim", "serving_lab", "course", "lessons/exercises", "benchmarks"),
-                 ) -> None:
+                 code_dirs: tuple[str, ...] = ("core", "ref_engine", "sim", "serving_lab", "course",
+                                               "lessons/exercises", "benchmarks")) -> None:
         self.root = Path(root).resolve()
         self.code_dirs = code_dirs  # where module docstrings may carry a `Lesson:` line
         self.lessons_dir = self.root / "lessons"

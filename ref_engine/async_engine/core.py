@@ -39,6 +39,8 @@ from typing import Any
 import torch
 import zmq
 
+from core.metrics import StepRecord
+from core.request import RequestStatus
 from ref_engine.async_engine.messages import (
     UTILITY_METHODS,
     AbortRequests,
@@ -53,8 +55,6 @@ from ref_engine.async_engine.messages import (
     UtilityOutput,
 )
 from ref_engine.async_engine.tracing import TraceEvent, step_events
-from ref_engine.core.metrics import StepRecord
-from ref_engine.core.request import RequestStatus
 from ref_engine.engine import LLMEngine
 from ref_engine.outputs import RequestOutput
 

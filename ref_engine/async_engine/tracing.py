@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ref_engine.core.metrics import StepRecord
+from core.metrics import StepRecord
 
 ENGINE_ID_SUFFIX = re.compile(r"\d+-[0-9a-f]{8}")  # what the server adds to an X-Request-Id (serving.py)
 

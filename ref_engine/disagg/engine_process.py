@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.request import Request
+from core.config import EngineConfig
+from core.request import Request
 from ref_engine.engine import LLMEngine, PromptType
 from ref_engine.kv_transfer.config import KVTransferConfig
 from ref_engine.kv_transfer.connector import KVTransferParams

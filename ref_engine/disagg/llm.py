@@ -33,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ref_engine.core.config import EngineConfig
+from core.config import EngineConfig
 from ref_engine.disagg.engine_process import (
     AddRemotePrefilled,
     AddRequest,

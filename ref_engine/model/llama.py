@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.arch_config import ArchConfig
 from ref_engine.attention import AttentionMetadata, paged_attention
-from ref_engine.model.arch_config import ArchConfig
 
 # Hugging Face projection name -> (our fused projection, index of its shard).
 STACKED_PARAMS = {

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
+from core.arch_config import ArchConfig
 from ref_engine.model import store
-from ref_engine.model.arch_config import ArchConfig
 from ref_engine.model.llama import LlamaForCausalLM
 from ref_engine.model.loader_gguf import GGUFCheckpoint
 from ref_engine.model.loader_hf import HFCheckpoint

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QType
 
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
 from ref_engine.model.tokenizer import Tokenizer
 
 # The formats of common llama.cpp files whose decoding tests/engine/test_loaders.py checks against a reference.

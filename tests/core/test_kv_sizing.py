@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.kv_sizing import CPU_KV_CACHE_MEMORY, num_kv_blocks
-from ref_engine.core.math_utils import cdiv
+from core.config import EngineConfig
+from core.kv_sizing import CPU_KV_CACHE_MEMORY, num_kv_blocks
+from core.math_utils import cdiv
 
 PER_BLOCK = 1000
 

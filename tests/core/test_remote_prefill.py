@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ref_engine.core import EngineConfig, Request, StepResult, make_scheduler
+from core import EngineConfig, Request, StepResult, make_scheduler
 
 
 def scheduler(**knobs):

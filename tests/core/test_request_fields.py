@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ref_engine.core.request import SERVING_STATE, Request, given, served
+from core.request import SERVING_STATE, Request, given, served
 
 
 def classification(cls: type) -> dict[str, bool | None]:

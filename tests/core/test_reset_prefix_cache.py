@@ -2,8 +2,8 @@
 the index at once and frees the ones in use when their requests finish; per tenant it leaves the other
 tenants' blocks alone. The random-workload version is in test_scheduler_properties.py."""
 
-from ref_engine.core import EngineConfig, Request, StepResult, make_scheduler
-from ref_engine.core.block_pool import BlockPool
+from core import EngineConfig, Request, StepResult, make_scheduler
+from core.block_pool import BlockPool
 
 
 def test_a_reset_drops_blocks_in_use_and_frees_them_when_their_requests_do():

@@ -4,8 +4,8 @@ is preempted, finishes, is aborted or is refused reaches them, once each and in 
 
 from __future__ import annotations
 
-from ref_engine.core import EngineConfig, Request, RequestStatus, Scheduler, StepResult
-from ref_engine.core.request_queue import FCFSRequestQueue, RequestQueue
+from core import EngineConfig, Request, RequestStatus, Scheduler, StepResult
+from core.request_queue import FCFSRequestQueue, RequestQueue
 
 
 class RecordingScheduler(Scheduler):

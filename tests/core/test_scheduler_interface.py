@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ref_engine.core import (
+from core import (
     SCHEDULERS,
     EngineConfig,
     Request,

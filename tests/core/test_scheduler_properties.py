@@ -14,9 +14,9 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ref_engine.core import EngineConfig, Request, RequestStatus, StepResult, make_scheduler
-from ref_engine.core.kv_cache_manager import NO_PREFIX
-from ref_engine.core.math_utils import cdiv
+from core import EngineConfig, Request, RequestStatus, StepResult, make_scheduler
+from core.kv_cache_manager import NO_PREFIX
+from core.math_utils import cdiv
 
 TERMINAL = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
 

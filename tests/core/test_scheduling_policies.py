@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from ref_engine.core import EngineConfig, Request, RunMetrics, StepResult, Workload, make_scheduler
+from core import EngineConfig, Request, RunMetrics, StepResult, Workload, make_scheduler
 
 
 def drive(config: EngineConfig, num_kv_blocks: int, arrivals: dict[int, list[Request]],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ref_engine.core import EngineConfig, Request, StepResult, make_scheduler
+from core import EngineConfig, Request, StepResult, make_scheduler
 
 
 @pytest.mark.parametrize("knobs, words", [

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from core import EngineConfig
+from core.math_utils import cdiv
 from ref_engine import LLM, SamplingParams
-from ref_engine.core import EngineConfig
-from ref_engine.core.math_utils import cdiv
 from ref_engine.disagg import DisaggregatedGenerateError, DisaggregatedLLM, EngineProcessError
 from ref_engine.kv_transfer.shared_memory_connector import SEGMENT_PREFIX
 

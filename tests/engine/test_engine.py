@@ -12,9 +12,9 @@ import pytest
 import torch
 import transformers
 
+from core import EngineConfig, Workload
 from ref_engine import LLM, LLMEngine, SamplingParams
 from ref_engine.bench import run
-from ref_engine.core import EngineConfig, Workload
 from ref_engine.model.loader import load_model
 
 NEW_TOKENS = 32

@@ -1,4 +1,4 @@
-"""The engine sizes its KV pool as the simulator does: one rule (ref_engine/core/kv_sizing.py), fed by torch
+"""The engine sizes its KV pool as the simulator does: one rule (core/kv_sizing.py), fed by torch
 measurements here and by a hardware profile and the model's dims there."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ref_engine.core.kv_sizing import CPU_KV_CACHE_MEMORY
+from core.kv_sizing import CPU_KV_CACHE_MEMORY
 from ref_engine.engine import LLMEngine, parameter_bytes
 from sim.hardware import HardwareProfile
 from sim.simulator import num_kv_blocks_for

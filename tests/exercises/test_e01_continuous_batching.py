@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core import EngineConfig, Request, StepResult, make_scheduler
 from lessons.exercises.e01_continuous_batching import DeploymentPlan, DeploymentTarget, ToyRequest
 from lessons.exercises.solutions import e01_continuous_batching as engine  # wraps ref_engine's Scheduler
-from ref_engine.core import EngineConfig, Request, StepResult, make_scheduler
 
 FEW = settings(max_examples=60, deadline=None, derandomize=True)  # the same examples on every run
 

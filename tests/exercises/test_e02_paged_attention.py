@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ref_engine.core.block_pool import BlockPool
-from ref_engine.core.kv_cache_manager import KVCacheManager
-from ref_engine.core.request import Request
-from ref_engine.model.arch_config import KNOWN_MODELS, ArchConfig
+from core.arch_config import KNOWN_MODELS, ArchConfig
+from core.block_pool import BlockPool
+from core.kv_cache_manager import KVCacheManager
+from core.request import Request
 
 FEW = settings(max_examples=60, deadline=None, derandomize=True)  # the same examples on every run
 KiB, GiB = 1024, 1024**3

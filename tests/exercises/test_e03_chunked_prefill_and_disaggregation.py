@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ref_engine.core.fair import FairRequestQueue
-from ref_engine.core.request import Request
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
+from core.fair import FairRequestQueue
+from core.request import Request
 from sim.cost_model import CostModel
 from sim.hardware import HardwareProfile
 

@@ -17,12 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core import EngineConfig, Workload
+from core.block_hash import extend_block_hashes, hash_block_tokens, isolation_key
+from core.kv_cache_manager import KVCacheManager
+from core.request import Request
+from core.workload import WorkloadRequest
 from course.prefix_caching import hit_rate_sweep
-from ref_engine.core import EngineConfig, Workload
-from ref_engine.core.block_hash import extend_block_hashes, hash_block_tokens, isolation_key
-from ref_engine.core.kv_cache_manager import KVCacheManager
-from ref_engine.core.request import Request
-from ref_engine.core.workload import WorkloadRequest
 from sim.simulator import Simulator
 
 FEW = settings(max_examples=60, deadline=None, derandomize=True)  # the same examples on every run

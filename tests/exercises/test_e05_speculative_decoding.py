@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ref_engine.core import EngineConfig, Workload
+from core import EngineConfig, Workload
 from ref_engine.spec_decode import ngram_lookup
 from sim import Simulator
 from sim.spec_decode import AcceptanceRate

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ref_engine.core import EngineConfig, Workload
+from core import EngineConfig, Workload
 from sim import Simulator
 
 

@@ -17,7 +17,7 @@ import warnings
 
 import pytest
 
-from ref_engine.core import EngineConfig, Workload
+from core import EngineConfig, Workload
 from serving_lab.manifest import EXAMPLE_MANIFEST, load_manifest
 from serving_lab.sweep import Sweep, parse_grid, run_sweep
 from serving_lab.sweep import pareto_front as sweep_front

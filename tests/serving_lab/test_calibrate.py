@@ -218,7 +218,7 @@ def test_a_profile_for_one_thread_is_measured_on_it_and_kept_beside_the_default(
 def test_the_int8_engine_gets_a_profile_of_its_own_that_prices_int8(monkeypatch, tmp_path, saved, tiny):
     """`quantization="int8"` measures the int8 engine (the float32 model quantized) and saves its profile
     beside the float32 one, with rates keyed "int8", so the simulator prices 1-byte weights with them."""
-    from ref_engine.core import EngineConfig, Workload
+    from core import EngineConfig, Workload
     from sim import Simulator
 
     monkeypatch.setenv("SERVING_LAB_CACHE", str(tmp_path))
@@ -238,8 +238,8 @@ def test_the_int8_engine_gets_a_profile_of_its_own_that_prices_int8(monkeypatch,
 
 
 def test_the_grid_runs_in_interleaved_passes_with_its_rows_block_sizes(monkeypatch):
+    from core.metrics import StepRecord
     from ref_engine import bench
-    from ref_engine.core.metrics import StepRecord
 
     ran = []
     monkeypatch.setattr(bench, "run", lambda workload, config, model=None: ran.append(config.block_size) or
@@ -265,7 +265,7 @@ def test_the_fit_recovers_every_term_of_a_known_machine():
     batch 1-64, some at other block sizes, prompt chunks with and without logits, mixed steps, verifies) are
     fitted back to it, every fitted term within 1e-6. A fit whose unknowns share a column (as per-token overhead and 1/FLOP/s once
     did) could not recover them: its rate would come out anywhere, often 1e30 FLOP/s."""
-    from ref_engine.model.arch_config import ArchConfig
+    from core.arch_config import ArchConfig
     from sim.cost_model import BatchShape, CostModel
 
     arch = ArchConfig.named("smollm2-135m")

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+from core import EngineConfig
 from course.chunked_prefill_and_disaggregation import KVLink, disaggregation_vs_simulated
-from ref_engine.core import EngineConfig
 from ref_engine.model.loader import load_model
 from serving_lab.pairing import Sides
 

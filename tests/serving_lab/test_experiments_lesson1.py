@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from core import Exponential
 from course.continuous_batching import (
     capacity,
     load_sweep,
@@ -15,7 +16,6 @@ from course.continuous_batching import (
     step_cost,
     throughput_ratios,
 )
-from ref_engine.core import Exponential
 from serving_lab.pairing import Sides, error_check, format_table, pairs, same_policy
 
 GPU = Sides(arch="llama-3.1-8b", hardware="h100-sxm", measure=False)

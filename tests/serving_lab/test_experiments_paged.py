@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from core import EngineConfig, Workload
 from course.paged_attention import (
     PCIE4_BATCHED,
     PCIE4_PER_BLOCK,
@@ -19,7 +20,6 @@ from course.paged_attention import (
     preemption_cost,
     preemption_modes,
 )
-from ref_engine.core import EngineConfig, Workload
 from serving_lab.pairing import Sides
 from sim.simulator import Simulator
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from core import EngineConfig, Workload
 from course.prefix_caching import (
     chat_replay,
     eviction_sweep,
@@ -16,7 +17,6 @@ from course.prefix_caching import (
     shared_prefix_ttft,
     tenant_isolation,
 )
-from ref_engine.core import EngineConfig, Workload
 from serving_lab.pairing import Sides, pairs
 from sim.simulator import Simulator
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import pytest
 
-from ref_engine.core import EngineConfig, Workload
+from core import EngineConfig, Workload
 from serving_lab.fidelity import (
     HELD_OUT,
     HELD_OUT_CONFIG,

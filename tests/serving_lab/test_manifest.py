@@ -11,7 +11,7 @@ from typing import Any, get_args
 import pytest
 import yaml
 
-from ref_engine.core.config import EngineConfig
+from core.config import EngineConfig
 from serving_lab import cli
 from serving_lab.manifest import (
     EXAMPLE_MANIFEST,

@@ -13,8 +13,7 @@ from __future__ import annotations
 import pytest
 from engine_replay import replay
 
-from ref_engine.bench import run
-from ref_engine.core import (
+from core import (
     EngineConfig,
     KeyedRequestQueue,
     Request,
@@ -24,6 +23,7 @@ from ref_engine.core import (
     WorkloadRequest,
     register_scheduler,
 )
+from ref_engine.bench import run
 from ref_engine.model.loader import load_model
 
 

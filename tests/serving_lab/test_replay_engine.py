@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 from engine_replay import batches, replay
 
+from core import EngineConfig, Workload
 from ref_engine.bench import run
-from ref_engine.core import EngineConfig, Workload
 from ref_engine.model.loader import load_model
 
 

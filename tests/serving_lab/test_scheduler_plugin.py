@@ -15,8 +15,7 @@ from collections.abc import Iterator
 import pytest
 from engine_replay import batches, replay
 
-from ref_engine.bench import run
-from ref_engine.core import (
+from core import (
     EngineConfig,
     Request,
     RequestQueue,
@@ -25,6 +24,7 @@ from ref_engine.core import (
     WorkloadRequest,
     register_scheduler,
 )
+from ref_engine.bench import run
 from ref_engine.model.loader import load_model
 
 

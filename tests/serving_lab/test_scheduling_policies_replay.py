@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 from engine_replay import batches, replay
 
+from core import EngineConfig, RunMetrics, Workload
 from ref_engine.bench import run
-from ref_engine.core import EngineConfig, RunMetrics, Workload
 from ref_engine.engine import LLM
 from ref_engine.model.loader import load_model
 from ref_engine.sampling_params import SamplingParams

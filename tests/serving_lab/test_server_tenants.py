@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from ref_engine.core.config import EngineConfig
+from core.config import EngineConfig
 from ref_engine.entrypoints.openai.admission import Admission, AdmissionRefused
 from ref_engine.entrypoints.openai.api_server import build_server
 from ref_engine.entrypoints.openai.protocol import CompletionRequest

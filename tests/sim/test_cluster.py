@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from ref_engine.core import EngineConfig, Exponential, Request, RequestStatus, Workload, WorkloadRequest
-from ref_engine.core.request import SERVING_STATE
+from core import EngineConfig, Exponential, Request, RequestStatus, Workload, WorkloadRequest
+from core.request import SERVING_STATE
 from sim import Cluster, Simulator
 from sim.cluster import decode_request, prefill_request
 from sim.cost_model import BatchShape

@@ -8,8 +8,8 @@ from itertools import pairwise
 
 import pytest
 
-from ref_engine.core.interfaces import ScheduledRequest, SchedulerOutput
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
+from core.interfaces import ScheduledRequest, SchedulerOutput
 from sim.cost_model import (
     ROOFLINE_FEATURE_NAMES,
     ROOFLINE_UNKNOWNS,

@@ -17,7 +17,7 @@ import hashlib
 
 import pytest
 
-from ref_engine.core import EngineConfig, Exponential, SchedulerOutput, Workload
+from core import EngineConfig, Exponential, SchedulerOutput, Workload
 from sim import Simulator
 from sim.executor import StepTimer
 from sim.spec_decode import AcceptanceRate

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.workload import Workload
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
+from core.config import EngineConfig
+from core.workload import Workload
 from sim.cost_model import BatchShape, CostModel
 from sim.hardware import HardwareProfile
 from sim.pipeline import PipelineCostModel, pipeline_makespan

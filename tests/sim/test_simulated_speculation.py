@@ -8,7 +8,7 @@ from statistics import fmean, pstdev
 
 import pytest
 
-from ref_engine.core import EngineConfig, Workload
+from core import EngineConfig, Workload
 from sim import Simulator
 from sim.spec_decode import AcceptanceRate, AcceptanceReplay, break_even_acceptance, expected_tokens_per_step
 

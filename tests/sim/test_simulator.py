@@ -18,9 +18,9 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ref_engine.core import EngineConfig, Exponential, RequestStatus, StepResult, Workload, make_scheduler
-from ref_engine.core.kv_sizing import CPU_KV_CACHE_MEMORY, num_kv_blocks
-from ref_engine.model.arch_config import ArchConfig
+from core import EngineConfig, Exponential, RequestStatus, StepResult, Workload, make_scheduler
+from core.arch_config import ArchConfig
+from core.kv_sizing import CPU_KV_CACHE_MEMORY, num_kv_blocks
 from sim import Simulator
 from sim.cost_model import kv_cache_num_blocks
 from sim.executor import ReplayTimer

@@ -2,7 +2,7 @@
 
 E01.1 is the engine's own rule, so its reference is a thin wrapper: it builds the engine's `Scheduler`
 in the state the toy requests describe and asks it for one step. Read `Scheduler.schedule` in
-ref_engine/core/scheduler.py for the real loop. E01.2 is closed-form arithmetic that the engine does not
+core/scheduler.py for the real loop. E01.2 is closed-form arithmetic that the engine does not
 contain, so it is written out here; the tests check it against the engine's two schedulers. E01.3 is a
 design: the reference sizes the deployment by hand arithmetic on the cost model, then confirms it in the
 simulator (its docstring holds the rubric).
@@ -15,10 +15,10 @@ from __future__ import annotations
 import heapq
 import math
 
+from core.config import EngineConfig
+from core.request import Request, RequestStatus
+from core.scheduler import Scheduler
 from lessons.exercises.e01_continuous_batching import DeploymentPlan, DeploymentTarget, ToyRequest
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.request import Request, RequestStatus
-from ref_engine.core.scheduler import Scheduler
 
 __all__ = ["DeploymentPlan", "DeploymentTarget", "ToyRequest", "continuous_steps", "plan_deployment",
            "schedule_step", "static_steps", "throughput_ratio"]
@@ -109,7 +109,7 @@ def plan_deployment(target: DeploymentTarget) -> DeploymentPlan:
       smaller budget and more replicas; longer prompts: prefill dominates and the budget matters more; a
       finite run of 200 requests is kinder than a steady stream at the same rate).
     """
-    from ref_engine.model.arch_config import ArchConfig
+    from core.arch_config import ArchConfig
     from sim.cost_model import BatchShape, CostModel, kv_cache_num_blocks
     from sim.hardware import HardwareProfile
 

@@ -1,8 +1,8 @@
 """Reference solutions of lesson 2's exercises (E02.1, E02.2, E02.3). Try them yourself first.
 
-E02.1 is the arithmetic of `ArchConfig.kv_bytes_per_token` (ref_engine/model/arch_config.py) plus the
-rounding to whole blocks that `KVCacheManager` does (ref_engine/core/kv_cache_manager.py). E02.2 wraps the
-engine's `BlockPool` (ref_engine/core/block_pool.py), which already keeps a FIFO free queue and reference
+E02.1 is the arithmetic of `ArchConfig.kv_bytes_per_token` (core/arch_config.py) plus the
+rounding to whole blocks that `KVCacheManager` does (core/kv_cache_manager.py). E02.2 wraps the
+engine's `BlockPool` (core/block_pool.py), which already keeps a FIFO free queue and reference
 counts; only `share` is new here (the engine adds sharing with prefix caching, lesson 4). E02.3 is the
 stub's code with its one bug fixed.
 
@@ -11,9 +11,9 @@ Lesson: lessons/02-paged-attention.md#exercises
 
 from __future__ import annotations
 
-from ref_engine.core.block_pool import BlockPool
-from ref_engine.core.math_utils import cdiv
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
+from core.block_pool import BlockPool
+from core.math_utils import cdiv
 
 __all__ = ["BlockAllocator", "SequenceBlockTables", "kv_bytes_per_sequence", "kv_bytes_per_token",
            "max_num_sequences"]

@@ -1,7 +1,7 @@
 """Reference solutions of lesson 3's exercises (E03.1, E03.2). Try them yourself first.
 
 E03.1 is the admission rule of the engine's fair scheduler (`FairRequestQueue._next_tenant` in
-ref_engine/core/fair.py), on a static queue with every request charged in full when it is admitted.
+core/fair.py), on a static queue with every request charged in full when it is admitted.
 E03.2 is `ArchConfig.kv_bytes_per_token` times the prompt, over the link as `CostModel.kv_transfer_time`
 prices it (tensor parallelism 1).
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from ref_engine.model.arch_config import ArchConfig
+from core.arch_config import ArchConfig
 
 
 def vtc_order(requests: Sequence[tuple[str, int]], weights: Mapping[str, float] | None = None) -> list[int]:

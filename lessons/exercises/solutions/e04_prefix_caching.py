@@ -1,7 +1,7 @@
 """Reference solutions of lesson 4's exercises (E04.1, E04.2, E04.3). Try them yourself first.
 
-E04.1 is what `extend_block_hashes` (ref_engine/core/block_hash.py) and
-`KVCacheManager.get_computed_blocks` (ref_engine/core/kv_cache_manager.py) do, without the block pool:
+E04.1 is what `extend_block_hashes` (core/block_hash.py) and
+`KVCacheManager.get_computed_blocks` (core/kv_cache_manager.py) do, without the block pool:
 the cache is a plain dict from hash to the block's tokens. E04.2 is the whole-block arithmetic the
 simulator's hits follow (`hit_rate_sweep` in course/prefix_caching.py prints the same formula).
 E04.3 is the stub's code with its bug fixed.
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ref_engine.core.block_hash import extend_block_hashes, hash_block_tokens
-from ref_engine.core.block_pool import BlockPool
+from core.block_hash import extend_block_hashes, hash_block_tokens
+from core.block_pool import BlockPool
 
 __all__ = ["SmallPrefixCache", "block_hashes", "cached_tokens_per_request", "num_cached_tokens",
            "prefill_tokens_saved", "prefix_cache_hit_rate"]

@@ -40,9 +40,9 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from core.config import EngineConfig
 from ref_engine.async_engine.async_llm import AsyncLLM
 from ref_engine.async_engine.core import EngineArgs
-from ref_engine.core.config import EngineConfig
 from ref_engine.entrypoints.openai import openai_routes, ops_routes
 from ref_engine.entrypoints.openai.admission import Admission
 from ref_engine.entrypoints.openai.errors import EXCEPTION_HANDLERS

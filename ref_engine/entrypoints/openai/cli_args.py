@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from ref_engine.core.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS
+from core.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:

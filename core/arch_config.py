@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ref_engine.core.math_utils import cdiv
+from core.math_utils import cdiv
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 

@@ -31,11 +31,11 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.request import Request
-from ref_engine.core.request_queue import RequestQueue
-from ref_engine.core.scheduler import Scheduler
-from ref_engine.core.scheduler_registry import register_scheduler
+from core.config import EngineConfig
+from core.request import Request
+from core.request_queue import RequestQueue
+from core.scheduler import Scheduler
+from core.scheduler_registry import register_scheduler
 
 
 class FairRequestQueue(RequestQueue):

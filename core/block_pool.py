@@ -5,7 +5,7 @@ back; it never sees a request (that is the KV cache manager's job) and never see
 runner's).
 
 Prefix caching adds one idea: a freed block keeps its contents. A full block can be registered under its
-content hash (`ref_engine/core/block_hash.py`); when its last user frees it, it goes to the free queue but
+content hash (`core/block_hash.py`); when its last user frees it, it goes to the free queue but
 stays findable, as an *evictable cached block*. A later request with the same prefix takes it back
 (`touch`) instead of recomputing it. Allocation takes blocks from the head of the free queue, which holds
 the least recently freed blocks, and only then evicts whatever cached content they held: so eviction is
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from ref_engine.core.block_hash import BlockHash
+from core.block_hash import BlockHash
 
 ParentLink = bytes  # a cached block's parent hash, or for a first block the isolation key it was hashed with
 

@@ -27,7 +27,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from ref_engine.core.request import Request
+from core.request import Request
 
 
 @dataclass(frozen=True)

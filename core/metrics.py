@@ -39,8 +39,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from statistics import fmean, median
 
-from ref_engine.core.interfaces import SchedulerOutput, StepResult
-from ref_engine.core.request import DEFAULT_TENANT, Request, RequestStatus
+from core.interfaces import SchedulerOutput, StepResult
+from core.request import DEFAULT_TENANT, Request, RequestStatus
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ two phases that fill one `StepPlan`:
 
 A scheduling policy is a subclass that overrides some of these parts (the queue's order, the victim, how
 a phase spends the budget) and registers under a name with `@register_scheduler`
-(ref_engine/core/scheduler_registry.py); `EngineConfig(scheduling=name)` then selects it, in the engine
+(core/scheduler_registry.py); `EngineConfig(scheduling=name)` then selects it, in the engine
 and in the simulator alike. The scheduling policies of continuous batching ("fcfs", which is this class,
 "priority", "fair") are such subclasses too, selected by `EngineConfig(scheduling_policy=name)`.
 `StaticScheduler`, the baseline lesson 1 contrasts, is one: it forms a batch, reserves each member's whole
@@ -65,12 +65,12 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ref_engine.core.config import EngineConfig
-from ref_engine.core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
-from ref_engine.core.kv_cache_manager import KVCacheManager, PrefixCacheExplanation
-from ref_engine.core.request import Request, RequestStatus
-from ref_engine.core.request_queue import FCFSRequestQueue, RequestQueue
-from ref_engine.core.scheduler_registry import SCHEDULERS, SCHEDULING_POLICIES, register_scheduler
+from core.config import EngineConfig
+from core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
+from core.kv_cache_manager import KVCacheManager, PrefixCacheExplanation
+from core.request import Request, RequestStatus
+from core.request_queue import FCFSRequestQueue, RequestQueue
+from core.scheduler_registry import SCHEDULERS, SCHEDULING_POLICIES, register_scheduler
 
 # The status the per-request loop of `update_from_output` tests, as a plain global: on Python 3.11, reading
 # a member off the enum class (RequestStatus.RUNNING) goes through EnumType's attribute hook, ~10x slower.

@@ -38,11 +38,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
-from ref_engine.core.block_hash import BlockHash, extend_block_hashes, isolation_key
-from ref_engine.core.block_pool import BlockPool
-from ref_engine.core.config import KVAllocation
-from ref_engine.core.math_utils import cdiv
-from ref_engine.core.request import Request
+from core.block_hash import BlockHash, extend_block_hashes, isolation_key
+from core.block_pool import BlockPool
+from core.config import KVAllocation
+from core.math_utils import cdiv
+from core.request import Request
 
 MissReason = Literal["caching_disabled", "shorter_than_block", "all_full_blocks_hit", "evicted",
                      "other_isolation_key", "different_tokens", "never_computed"]

@@ -5,10 +5,10 @@ One rule serves both knobs: a name stands for a `Scheduler` subclass, registered
 with `@register_scheduler("name")`, so a scheduler defined anywhere (a lesson, a test, a notebook) becomes a
 knob value with no edit to the core. The two knobs are two tables of that one registry:
 - `SCHEDULERS` (`scheduling`): how batches form. The core registers "continuous" and "static"
-  (ref_engine/core/scheduler.py); a plug-in may replace any part of the scheduler.
+  (core/scheduler.py); a plug-in may replace any part of the scheduler.
 - `SCHEDULING_POLICIES` (`scheduling_policy`, vLLM's knob), registered with `policy=True`: within continuous
   batching, who is admitted first and whom preemption picks. The core registers "fcfs" (the continuous
-  scheduler itself), "priority" (ref_engine/core/priority.py) and "fair" (ref_engine/core/fair.py). A policy
+  scheduler itself), "priority" (core/priority.py) and "fair" (core/fair.py). A policy
   is a subclass of the continuous scheduler; `make_scheduler` builds it when `scheduling="continuous"`.
 This module imports nothing (not even `Scheduler`, for its annotations), so the config can validate names
 against the tables and the scheduler can register into them without an import circle.

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import bisect
 
-from ref_engine.core.request import Request
-from ref_engine.core.request_queue import KeyedRequestQueue
-from ref_engine.core.scheduler import Scheduler
-from ref_engine.core.scheduler_registry import register_scheduler
+from core.request import Request
+from core.request_queue import KeyedRequestQueue
+from core.scheduler import Scheduler
+from core.scheduler_registry import register_scheduler
 
 
 def priority_key(request: Request) -> tuple[int, float]:

@@ -19,7 +19,7 @@ Lesson: lessons/02-paged-attention.md (the pool is what the weights leave).
 
 from __future__ import annotations
 
-from ref_engine.core.config import EngineConfig
+from core.config import EngineConfig
 
 CPU_KV_CACHE_MEMORY = 1 << 30  # bytes of KV pool on a CPU when no size is configured
 

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ref_engine.core.request import Request
+from core.request import Request
 
 
 class RequestQueue(ABC):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-from ref_engine.core.scheduler_registry import SCHEDULERS, SCHEDULING_POLICIES
+from core.scheduler_registry import SCHEDULERS, SCHEDULING_POLICIES
 
 PreemptionMode = Literal["recompute", "swap"]
 KVAllocation = Literal["paged", "contiguous", "contiguous_exact"]
@@ -35,7 +35,7 @@ class EngineConfig:
     `num_kv_blocks` fixes the pool size exactly (tests and lessons use it); else `kv_cache_memory` bytes
     are cut into blocks; else the pool is what `gpu_memory_utilization` of the device leaves after the
     weights and activations (a fixed pool on a CPU). Engine and simulator apply the same rule
-    (ref_engine/core/kv_sizing.py).
+    (core/kv_sizing.py).
 
     Prefill budgets (None = off) bound what one step of the continuous scheduler may hold, on top of
     `max_num_batched_tokens` and `max_num_seqs`. A row that computes more than its request's last known
@@ -57,7 +57,7 @@ class EngineConfig:
     `scheduling` says how batches form ("continuous", "static", or a plug-in scheduler); within continuous
     batching, `scheduling_policy` (vLLM's knob) says who is admitted first and whom preemption picks:
     "fcfs" (arrival order), "priority" (`Request.priority`, lower first, as vLLM) or "fair" (per-tenant
-    virtual token counters, ref_engine/core/fair.py), or a registered plug-in. `tenant_max_num_seqs` caps
+    virtual token counters, core/fair.py), or a registered plug-in. `tenant_max_num_seqs` caps
     each tenant's running requests under every policy of continuous batching; `tenant_weights` configures
     "fair" only. A dict is accepted and kept as sorted (tenant, value) pairs so the config stays hashable.
     Requests without a tenant belong to the tenant "default".
