@@ -43,11 +43,12 @@ class EngineConfig:
     only that token (and its drafts) is a *decode* row. How they map onto vLLM's knobs:
     - `long_prefill_token_threshold` is vLLM's: the most prefill tokens one request gets in a step (vLLM
       writes 0 for off; so may you);
-    - `max_num_partial_prefills` is vLLM's: the most prompts mid-prefill at once. vLLM's field defaults to
-      1, but its V1 scheduler does not enforce it (V0's chunked-prefill scheduler did), so None (no limit)
-      is what vLLM V1 actually does;
+    - `max_num_partial_prefills` is vLLM's name: the most prompts mid-prefill at once. vLLM's field defaults
+      to 1, but V1 refuses any other value at start (`EngineArgs._check_feature_supported`) and its
+      scheduler never reads it (V0's chunked-prefill scheduler did), so None (no limit) is what V1 does;
     - `prefill_budget_tokens` (a deployment manifest's name) caps a step's prefill tokens over all rows;
-      vLLM has no such knob: there the bound is `max_num_partial_prefills * long_prefill_token_threshold`;
+      vLLM has no such knob: V1 caps one request's chunk (`long_prefill_token_threshold`) and the step's
+      total (`max_num_batched_tokens`), and nothing in between;
     - `decode_batch_max_tokens` (a deployment manifest's name) caps a step's decode tokens, as its name
       says: a decode row is one token, 1 + k with k drafts; vLLM bounds decodes only by `max_num_seqs`. The
       earliest admitted decodes go first; the row that meets the cap has its drafts cut to fit, and rows

@@ -24,6 +24,7 @@ from typing import Any
 from core.metrics import relative_error
 from course import Demo
 from course.claims import machine_note
+from serving_lab.calibrate import BUSY_MACHINE_REMEDY
 from serving_lab.pairing import Sides, format_table, pairs
 from sim.hardware import HardwareProfile
 
@@ -135,7 +136,8 @@ def run_demo(demo: Demo, context: DemoContext, out: str | Path | None = None) ->
         notes.insert(0, "slowdown: the engine's step times over the profile's price of the same steps "
                         "(1: the machine is as it was calibrated)")
     if note := machine_note(profile, slowdowns=slowdowns):
-        notes.append(f"note: {note}; the errors above then measure the machine, not the simulator")
+        notes.append(f"note: this machine was not in the state it was calibrated in ({note}), so the errors above "
+                     f"measure the machine, not the simulator; {BUSY_MACHINE_REMEDY}")
     print("\n" + "\n".join(notes))
     folder = Path(out) if out is not None else Path("reports/demo") / demo.name
     folder.mkdir(parents=True, exist_ok=True)

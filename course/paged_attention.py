@@ -229,6 +229,18 @@ PCIE4_PER_BLOCK = SwapLink("PCIe 4.0 x16, one copy per block", bandwidth=25e9, p
 PCIE4_BATCHED = SwapLink("PCIe 4.0 x16, batched", bandwidth=25e9, per_transfer_s=5e-6, batched=True)
 
 
+def pcie_link(hardware: HardwareProfile | str, *, batched: bool = False, per_transfer_s: float = 5e-6) -> SwapLink:
+    """The host link of a GPU profile as a `SwapLink`: its `host_link_bandwidth` (PCIe 5.0 x16 at ~50 GB/s on
+    an H100, H200 or B200; PCIe 4.0 at ~25 GB/s on an A100 or L40S, sim/hardware.py), so the swap what-if
+    uses the same link as the simulator, plus the assumed fixed cost of one copy call."""
+    hw = resolve_hardware(hardware)
+    if not hw.host_link_bandwidth:
+        raise ValueError(f"{hw.name} has no host link (host_link_bandwidth 0): use host_copy_link")
+    how = "batched" if batched else "one copy per block"
+    return SwapLink(f"PCIe x16 at {hw.host_link_bandwidth / 1e9:g} GB/s, {how}", hw.host_link_bandwidth,
+                    per_transfer_s, batched=batched)
+
+
 def host_copy_link(hardware: HardwareProfile, per_transfer_s: float = 20e-6) -> SwapLink:
     """A swap on a CPU, as our runner does it: per layer, gather the blocks into a temporary tensor, then
     scatter them into the other pool. Each byte is read and written twice, and the profile's memory
@@ -260,7 +272,10 @@ class SwapPricingTimer(CostModelTimer):
 def _swap_priced_simulator(sides: Sides, config: EngineConfig, link: SwapLink | None) -> tuple[Simulator,
                                                                                                SwapPricingTimer]:
     sim = sides.simulator(config)
-    link = link or (host_copy_link(sim.hardware) if sim.hardware.source == "calibrated" else PCIE4_PER_BLOCK)
+    if link is None:
+        hw = sim.hardware
+        link = (host_copy_link(hw) if hw.source == "calibrated"
+                else pcie_link(hw) if hw.host_link_bandwidth else PCIE4_PER_BLOCK)
     timer = SwapPricingTimer(sim.cost_model, link, sim.arch.kv_bytes_per_block(config.block_size,
                                                                                dtype_bytes(sim.dtype)),
                              sim.arch.num_layers)
@@ -278,7 +293,7 @@ def preemption_modes(sides: Sides, *, modes: Iterable[str] = ("recompute", "swap
     and re-run later; swap: copy to the host pool and back). One measured and one simulated row per mode.
 
     The simulator prices each step's swap copies with `link` (default: a DRAM copy on a calibrated CPU
-    profile, `PCIE4_PER_BLOCK` on a GPU profile); the engine pays its real copies. Columns add
+    profile, `pcie_link` of the profile on a GPU); the engine pays its real copies. Columns add
     `memory_stats` (`recomputed_tokens` among them), and on simulated rows `swapped_blocks` (out + in; the
     engine moves the same blocks, since the policy is the same), `swap_s` (simulated seconds of copies),
     `same_policy` and `same_memory`."""

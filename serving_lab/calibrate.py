@@ -100,6 +100,10 @@ REFIT_AFTER_S = 60 * 60
 # wait cannot see.
 STEADY_SPREAD_PCT = 20.0
 STEADY_CPU_WAIT_PCT = 15.0
+# What a user can do when a measurement ran on a busy machine; printed with every busy-machine warning.
+BUSY_MACHINE_REMEDY = ("to get trustworthy numbers, close other CPU-heavy work (another notebook, a build, a "
+                       "browser tab playing video), set OMP_WAIT_POLICY=PASSIVE so idle PyTorch threads stop spinning "
+                       "on the cores, and rerun")
 
 
 @dataclass(frozen=True)
@@ -333,7 +337,8 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
     unsteady = unsteady_fit(profile)
     if unsteady:  # said even when not verbose: every claim that rests on this fit will be skipped
         print(f"warning: {unsteady}; claims that rest on it are skipped"
-              + (", and load_or_calibrate refits it once it is an hour old" if save else ""))
+              + (", and load_or_calibrate refits it once it is an hour old" if save else "")
+              + f"; {BUSY_MACHINE_REMEDY} (`serving-lab calibrate` refits at once)")
     if save:
         path = profile.save()
         if verbose:
@@ -423,7 +428,8 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32", threads: int
     if age is not None and age < REFIT_AFTER_S:
         if unsteady:
             print(f"using the saved profile as it is, though {unsteady}: it is {age / 60:.0f} min old and this "
-                  f"machine is likely still busy (refit after {REFIT_AFTER_S // 60} min, or by `serving-lab calibrate`)")
+                  f"machine is likely still busy (refit after {REFIT_AFTER_S // 60} min, or by `serving-lab calibrate`); "
+                  f"{BUSY_MACHINE_REMEDY}")
         return profile
     if unsteady:
         print(f"the saved profile cannot be trusted: {unsteady}; recalibrating (~2 min)")

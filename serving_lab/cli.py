@@ -402,9 +402,14 @@ def add_report_parser(subparsers: Subparsers) -> None:
     p.set_defaults(func=_report)
 
 
+DESCRIPTION = ("Serving Lab's command line: pull the default model, generate text, serve it over an OpenAI-compatible "
+               "API, benchmark a server, run a lesson's demo, calibrate this machine's profile, and turn a deployment "
+               "manifest into a vllm serve command, a simulation, a sweep or a before/after report.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `serving-lab` parser: one subcommand per `add_<command>_parser`, in the order `--help` lists them."""
-    parser = argparse.ArgumentParser(prog="serving-lab", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="serving-lab", description=DESCRIPTION)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for add_parser in (add_pull_parser, add_generate_parser, add_serve_parser, add_bench_parser,
                        add_calibrate_parser, add_demo_parser, add_manifest_parser, add_simulate_parser,

@@ -29,7 +29,8 @@ EXERCISE_HEADING_RE = re.compile(r"^###\s+(E\d\d\.\d+)\s+(.*?)\s*(?:\(([\w-]+)\)
 EXERCISE_ANCHOR_RE = re.compile(r"^e(\d\d)-(\d+)$")
 LESSON_STEM_RE = re.compile(r"^(\d\d)-[a-z0-9-]+$|^capstone$")
 MINUTES_RE = re.compile(r"\b(\d+) min")
-NOT_LESSONS = ("README.md", "interview-bank.md", "CONTRIBUTING.md")  # the course map, the bank, the format
+# the course map, the bank, the format, the vLLM release the course cites, the instructor's guide
+NOT_LESSONS = ("README.md", "interview-bank.md", "CONTRIBUTING.md", "vllm-baseline.md", "INSTRUCTOR.md")
 
 
 def strip_fences(text: str) -> str:

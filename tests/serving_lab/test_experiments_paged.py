@@ -16,6 +16,7 @@ from course.paged_attention import (
     block_size_sweep,
     kv_cache_sizes,
     memory_stats,
+    pcie_link,
     pool_squeeze,
     preemption_cost,
     preemption_modes,
@@ -94,6 +95,15 @@ def test_swap_link_arithmetic():
     assert PCIE4_PER_BLOCK.seconds(4, 1000, 2) == pytest.approx(4 * 2 * 2 * 5e-6 + 4000 / 25e9)
     assert PCIE4_BATCHED.seconds(4, 1000, 2) == pytest.approx(2 * 5e-6 + 4000 / 25e9)
     assert PCIE4_PER_BLOCK.seconds(0, 1000, 2) == 0.0
+
+
+def test_pcie_link_is_the_profiles_host_link():
+    # one convention for the swap what-if and the simulator: an H100's host link is PCIe 5.0, an A100's 4.0
+    assert pcie_link("h100-sxm").bandwidth == 50e9 and pcie_link("a100-80gb-sxm").bandwidth == 25e9
+    batched = pcie_link("h100-sxm", batched=True)
+    assert batched.batched and batched.seconds(4, 1000, 2) == pytest.approx(2 * 5e-6 + 4000 / 50e9)
+    with pytest.raises(ValueError, match="no host link"):
+        pcie_link("local-cpu")
 
 
 def test_preemption_cost_recompute_flat_swap_falls_with_block_size():
