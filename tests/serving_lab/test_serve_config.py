@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 import yaml
+from live_server import free_port, wait_healthy
 
 from ref_engine.entrypoints.openai.admission import Admission
 from ref_engine.entrypoints.openai.api_server import build_server
@@ -118,9 +118,7 @@ async def collect(http: httpx.AsyncClient, body: dict, started: asyncio.Event) -
 
 
 def test_the_shipped_manifest_serves_and_sigterm_drains(tiny):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     args = cli.build_parser().parse_args([
         "serve", str(tiny), "--config", str(EXAMPLE_MANIFEST), "--max-model-len", "256", "--max-num-seqs", "2",
         "--port", str(port), "--graceful-timeout", str(GRACEFUL_TIMEOUT)])
@@ -130,14 +128,7 @@ def test_the_shipped_manifest_serves_and_sigterm_drains(tiny):
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                break
-        except httpx.ConnectError:
-            pass
-        time.sleep(0.1)
+    wait_healthy(url)
     assert [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]] == ["smollm2"]
 
     async def drive():
@@ -169,24 +160,6 @@ def test_the_shipped_manifest_serves_and_sigterm_drains(tiny):
     aborted = server.engine.stat_logger.registry.get_sample_value(
         "vllm:request_success_total", {"model_name": "smollm2", "finished_reason": "abort"})
     assert aborted >= 1  # the long request's choices still running or waiting
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                return
-        except httpx.ConnectError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{url} did not become healthy in 120 s")
 
 
 def test_the_client_manifest_without_overrides_stops_with_one_line_per_key(capsys):

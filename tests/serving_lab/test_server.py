@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import threading
 import time
 
@@ -19,6 +18,7 @@ import pytest
 import uvicorn
 import yaml
 from engine_core_faults import POISON_MIN_P, PoisonedEngineArgs
+from live_server import free_port, wait_healthy
 
 from ref_engine import LLM, SamplingParams
 from ref_engine.async_engine.async_llm import AsyncLLM
@@ -43,9 +43,7 @@ def tiny(make_tiny_hf_model):
 @pytest.fixture(scope="module")
 def server(tiny):
     """(base URL, the first /health response while the engine was loading)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     engine = AsyncLLM(PoisonedEngineArgs(str(tiny), num_threads=1, engine_kwargs={"num_kv_blocks": 256},
                                          trace_requests=True), MODEL)
     app = build_app(engine, api_keys=KEYS, max_pending_requests=MAX_PENDING, max_request_bytes=MAX_BODY,
@@ -54,20 +52,7 @@ def server(tiny):
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    first = None
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            response = httpx.get(f"{url}/health")
-        except httpx.ConnectError:
-            time.sleep(0.05)
-            continue
-        first = first or response
-        if response.status_code == 200:
-            break
-        time.sleep(0.1)
-    else:
-        raise RuntimeError("the server did not become healthy")
+    first = wait_healthy(url)[0]
     yield url, first
     uv.should_exit = True
     thread.join(30)

@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from live_server import free_port, wait_healthy
 
 STARTUP_S = 120
 
@@ -25,12 +24,6 @@ STARTUP_S = 120
 def serve(*argv: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "serving_lab.cli", "serve", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def engine_core_pid(pid: int) -> int:
@@ -64,15 +57,7 @@ def test_keys_under_fcfs_start_say_ready_and_a_dead_core_ends_streams_then_the_s
     url = f"http://127.0.0.1:{port}"
     process = serve(str(tiny), "--api-key-file", str(keys), "--port", str(port))
     try:
-        deadline = time.monotonic() + STARTUP_S
-        while True:
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate(timeout=5)
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.ConnectError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(url, STARTUP_S, alive=lambda: process.poll() is None)
         headers = {"Authorization": "Bearer key-a"}
         body = {"prompt": "long", "max_tokens": 240, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers, timeout=60) as stream:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import statistics
 import threading
 import time
@@ -23,6 +22,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 import uvicorn
+from live_server import free_port, wait_healthy
 
 from ref_engine.async_engine.async_llm import AsyncLLM
 from ref_engine.async_engine.core import EngineArgs
@@ -43,9 +43,7 @@ def wide(make_tiny_hf_model):
 
 @contextmanager
 def serving(model, api_keys: dict[str, ApiKey] | None) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     engine = AsyncLLM(EngineArgs(str(model), num_threads=1, engine_kwargs={"num_kv_blocks": 512}))
     uv = uvicorn.Server(uvicorn.Config(build_app(engine, api_keys=api_keys), host="127.0.0.1", port=port,
                                        log_level="warning"))
@@ -53,16 +51,7 @@ def serving(model, api_keys: dict[str, ApiKey] | None) -> Iterator[str]:
     thread.start()
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.ConnectError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise RuntimeError("the server did not become healthy")
+        wait_healthy(url)
         yield url
     finally:
         uv.should_exit = True

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
-import time
 from types import SimpleNamespace
 
 import httpx
 import pytest
+from live_server import free_port, wait_healthy
 
 from core.config import EngineConfig
 from ref_engine.entrypoints.openai.admission import Admission, AdmissionRefused
@@ -175,9 +174,7 @@ def url(make_tiny_hf_model, tmp_path_factory):
     keys = {"key-a": {"tenant": "acme", "max_pending_requests": ACME_CAP, "weight": 2},
             "key-g": {"tenant": "globex", "max_num_seqs": 1}}
     (folder / "keys.json").write_text(json.dumps(keys))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     args = cli.build_parser().parse_args(["serve", str(tiny), "--api-key-file", str(folder / "keys.json"),
                                           "--scheduling-policy", "fair", "--max-pending-requests", str(CAP),
                                           "--port", str(port)])
@@ -186,16 +183,7 @@ def url(make_tiny_hf_model, tmp_path_factory):
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                break
-        except httpx.ConnectError:
-            pass
-        time.sleep(0.1)
-    else:
-        raise RuntimeError("the server did not become healthy")
+    wait_healthy(url)
     yield url
     server.should_exit = True
     thread.join(30)

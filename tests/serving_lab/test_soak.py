@@ -8,17 +8,11 @@ ten-minute benchmark only: a minute is too short for a steady baseline.
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
+from live_server import free_port
 
 from benchmarks.soak import run_soak
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.slow
