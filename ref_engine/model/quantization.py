@@ -1,4 +1,5 @@
-"""Weight quantization: `quantization="int8"`, the engine's W8A8 fast path on x86 CPUs.
+"""Weight quantization: `quantization="int8"` (W8A8 on x86 CPUs, below) or `"int4"` (weight-only, 4-bit
+codes in groups: ref_engine/model/int4.py); this module checks the knob and swaps the projections.
 
 What it does. Every projection of every layer (q|k|v, o, gate|up, down) and the LM head keep their
 weights in int8, one scale per output channel (symmetric: scale = max |w| / 127). Activations are
@@ -43,7 +44,14 @@ import torch
 from torch import nn
 
 from ref_engine.core.config import QUANTIZATION_METHODS
-from ref_engine.model.llama import LlamaForCausalLM, TransposedLinear
+from ref_engine.model.int4 import (
+    DEFAULT_GROUP_SIZE,
+    KERNEL_GROUP_SIZES,
+    Int4Linear,
+    Int4Weight,
+    has_int4_kernel,
+)
+from ref_engine.model.llama import STACKED_PARAMS, LlamaForCausalLM, TransposedLinear
 
 X86_ENGINES = ("x86", "fbgemm", "onednn")
 
@@ -86,29 +94,76 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 W8A8"
 
 
-def check_quantization(quantization: str | None, dtype: torch.dtype, device: torch.device) -> None:
+def check_quantization(quantization: str | None, dtype: torch.dtype, device: torch.device,
+                       group_size: int = DEFAULT_GROUP_SIZE) -> None:
     """A ValueError naming the knob and its choices for a method this engine does not have, or one it
-    cannot run with this dtype or on this device."""
+    cannot run with this dtype, group size or on this device."""
     if quantization is None:
         return
     if quantization not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization={quantization!r} is not a method this engine has; choices: None (the "
                          f"float reference), {', '.join(repr(m) for m in QUANTIZATION_METHODS)}")
     if dtype != torch.float32:
-        raise ValueError(f"quantization={quantization!r} computes in float32 around its int8 products; "
+        raise ValueError(f"quantization={quantization!r} computes in float32 around its quantized products; "
                          f"got dtype={str(dtype).removeprefix('torch.')!r} (use dtype='float32')")
-    if device.type != "cpu" or torch.backends.quantized.engine not in X86_ENGINES:
+    if quantization == "int4":
+        if group_size not in KERNEL_GROUP_SIZES:
+            raise ValueError(f"quantization_group_size={group_size!r} is not one the int4 kernel takes; choices: "
+                             f"{', '.join(map(str, KERNEL_GROUP_SIZES))}")
+        if not has_int4_kernel(device):
+            where = "this torch build lacks it" if device.type == "cpu" else f"this engine is on {device.type}"
+            raise ValueError(f"quantization='int4' runs on torch's int4 CPU kernel "
+                             f"(aten._weight_int4pack_mm_for_cpu); {where}")
+    elif device.type != "cpu" or torch.backends.quantized.engine not in X86_ENGINES:
         raise ValueError(f"quantization={quantization!r} runs on torch's x86 quantized CPU kernels; this engine "
                          f"is on {device.type} with quantized engine {torch.backends.quantized.engine!r} "
                          f"(supported here: {', '.join(torch.backends.quantized.supported_engines)})")
 
 
+# our fused projection -> the Hugging Face projections that are its shards, in order
+FUSED_SHARDS = {fused: [proj for proj, (f, _) in STACKED_PARAMS.items() if f == fused]
+                for fused, _ in STACKED_PARAMS.values()}
+
+
 @torch.no_grad()
-def quantize_model(model: LlamaForCausalLM, quantization: str) -> None:
-    """Replace, in place, every projection and the LM head of a loaded float32 `model` by its
-    `quantization` form (only "int8": `Int8Linear`). The tied input embedding stays float32."""
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, TransposedLinear):
-                setattr(parent, name, Int8Linear(child.weight.t(), child.bias))
-    model.quantized_lm_head = Int8Linear(model.lm_head.weight, None)
+def quantize_model(model: LlamaForCausalLM, quantization: str, group_size: int = DEFAULT_GROUP_SIZE,
+                   int4_weights: dict[str, Int4Weight] | None = None) -> None:
+    """Replace, in place, every projection of a loaded float32 `model` by its `quantization` form.
+
+    "int8": `Int8Linear`, the LM head too. "int4": `Int4Linear` with groups of `group_size` inputs, each
+    shard from `int4_weights` (Hugging Face name -> a checkpoint's own 4-bit codes, a GGUF's Q4_1) where
+    given, else quantized from its float weight; the LM head stays float32. The tied input embedding stays
+    float32 either way."""
+    int4_weights = int4_weights or {}
+    for name, child in list(model.named_modules()):
+        if not isinstance(child, TransposedLinear):
+            continue
+        parent, _, attr = name.rpartition(".")
+        if quantization == "int8":
+            replacement: nn.Module = Int8Linear(child.weight.t(), child.bias)
+        else:
+            shards = [f"{parent}.{proj}.weight" for proj in FUSED_SHARDS.get(attr, [attr])]
+            weight = Int4Weight.cat([_int4_shard(child, i, shard, group_size, int4_weights)
+                                     for i, shard in enumerate(shards)])
+            replacement = Int4Linear(weight, child.bias)
+        setattr(model.get_submodule(parent), attr, replacement)
+    if quantization == "int8":
+        model.quantized_lm_head = Int8Linear(model.lm_head.weight, None)
+
+
+def _int4_shard(linear: TransposedLinear, shard: int, name: str, group_size: int,
+                int4_weights: dict[str, Int4Weight]) -> Int4Weight:
+    """One shard of a projection in int4: the checkpoint's own codes for `name` if it has them, else its float
+    weight quantized in groups of `group_size`."""
+    if name in int4_weights:
+        given = int4_weights[name]
+        if given.group_size != group_size:
+            raise ValueError(f"quantization_group_size={group_size}, but the checkpoint stores {name!r} in 4-bit "
+                             f"groups of {given.group_size}, which int4 uses as they are (requantizing them would "
+                             f"round twice); use quantization_group_size={given.group_size}")
+        return given
+    weight = linear.weight[:, linear.shard_offsets[shard]:linear.shard_offsets[shard + 1]].t()
+    if weight.shape[1] % group_size:
+        raise ValueError(f"quantization_group_size={group_size} does not divide the {weight.shape[1]} inputs of "
+                         f"{name!r}; choose one of {', '.join(map(str, KERNEL_GROUP_SIZES))} that does")
+    return Int4Weight.quantize(weight, group_size)
