@@ -5,9 +5,9 @@
   own dequantization, on real SmolLM2 layers;
 - each int4 projection reproduces the float32 product within a bound derived from bfloat16 rounding;
 - float weights quantized at load land within half a step of their value;
-- weight-only quantization is batch-invariant: a row's output does not depend on the rows beside it;
 - bad values name the knob and the choices.
-The batched regimes and the eval-set quality bounds are in tests/engine/test_fast_paths.py.
+Batch invariance is tested with int8's in tests/engine/test_quantization.py; the batched regimes and the
+eval-set quality bounds in tests/engine/test_fast_paths.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ref_engine import LLM, SamplingParams
 from ref_engine.model.int4 import Int4Linear, Int4Weight, has_int4_kernel
 from ref_engine.model.loader import load_model, quantized
 from ref_engine.model.loader_gguf import GGUFCheckpoint, dequantize, q4_1_parts
@@ -94,31 +93,9 @@ def test_float_weights_quantized_at_load_land_within_half_a_step():
         assert ((quantized_weight.dequantize() - weight).abs() <= step / 2 * (1 + 1e-5)).all()
 
 
-@needs_int4_kernel
-def test_an_int4_projection_is_batch_invariant():
-    """No activation is quantized: each row's output is the same bits alone or among 40 rows."""
-    generator = torch.Generator().manual_seed(2)
-    linear = Int4Linear(Int4Weight.quantize(torch.randn(960, 576, generator=generator), 32),
-                        torch.randn(960, generator=generator))
-    x = torch.randn(40, 576, generator=generator)
-    together = linear(x)
-    assert all(torch.equal(together[i:i + 1], linear(x[i:i + 1])) for i in range(len(x)))
-    assert torch.equal(together[5:37], linear(x[5:37]))
-
-
-@needs_int4_kernel
-def test_an_int4_engine_gives_each_request_the_same_tokens_alone_and_in_a_batch(make_tiny_hf_model):
-    loaded = load_model(make_tiny_hf_model("llama", name="int4-llama"), quantization="int4")
-    assert loaded.model_id.endswith("+int4") and loaded.quantization == "int4"
-    prompts = [[1 + (i * 7 + j) % 250 for j in range(5 + 3 * i)] for i in range(6)]
-    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    batch = [o.outputs[0].token_ids for o in LLM(loaded).generate(prompts, params, use_tqdm=False)]
-    alone = [LLM(loaded).generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
-    assert batch == alone
-
-
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(quantization="int3"), "quantization='int3' is not a method this engine has; choices: None"),
+    (dict(quantization="int3"), "quantization='int3' is not a method this engine has; choices: None (the float "
+                                "reference), 'int8', 'int4'"),
     (dict(quantization="int4", group_size=16), "quantization_group_size=16 is not one the int4 kernel takes; "
                                                "choices: 32, 64, 128, 256"),
     (dict(quantization="int4", dtype=torch.bfloat16), "computes in float32 around its quantized products"),
