@@ -1,32 +1,32 @@
-"""Weight quantization: `quantization="int8"` (W8A8 with per-token activation scales, below) or `"int4"`
-(weight-only, 4-bit codes in groups: ref_engine/model/int4.py); this module checks the knob and swaps the
-projections.
+"""Weight quantization: `quantization="int8"` or `"int4"`, both weight-only (int4's 4-bit codes in groups:
+ref_engine/model/int4.py); this module checks the knob and swaps the projections.
 
-int8, what it does. Every projection of every layer but `down_proj` (q|k|v, o, gate|up) keeps its weight
-in int8, one scale per output channel (symmetric: scale = max |w| / 127). Each row of activations (each
-token) is quantized to int8 as it arrives with its own scale (max |x| / 127 of that row: dynamic, per
-token); the product runs in exact int32 arithmetic (`torch._int_mm`) and is scaled back to float32.
-Embeddings, the LM head, norms, rotary, attention, the KV cache and `down_proj` stay float32.
+int8, what it does. Every projection of every layer (q|k|v, o, gate|up, down) keeps its weight in int8, one
+scale per output channel (symmetric: scale = max |w| / 127, stored in bfloat16). Activations are not
+quantized: they go into torch's CPU weight-only kernel (`aten._weight_int8pack_mm`) in bfloat16, which
+widens each weight in its tiles and returns bfloat16, cast back to float32. Embeddings, the LM head, norms,
+rotary, attention and the KV cache stay float32.
 
-Why these choices (SmolLM2 on the eval set, 16 prompts x 16 tokens, benchmarks/RESULTS.md "Numerics: float32,
-int8, int4"):
-- per-token scales, not one per call: the engine's first int8 took one scale for the whole flat batch, so
-  one outlier token coarsened every other token's levels, and a request's numbers depended on its batch.
-  It agreed with float32 on 0.18-0.36 of greedy tokens (KL 0.47-0.60 nats/token). Per token: 0.60, KL
-  0.03, and a row's result does not depend on the rows beside it (integer sums are exact);
-- `down_proj` in float32: its inputs carry outlier channels (SmolLM2's peak at up to 17,000x their mean),
-  and a per-token scale cannot spread them; keeping it (a third of the layer's weights) in float32 lifts
-  agreement to 0.76-0.88 at KL 0.024-0.027. (SmoothQuant, Xiao et al. 2023, moves such outliers into the
-  weights per channel; tried earlier with a tiny calibration text, it hurt the whole model.)
-- speed: on the course machine's kind (2 cores, AVX-512 VNNI) the projections ran 1.4x faster than float32
-  at one row and 1.6-1.8x at 8-32 rows; the per-call W8A8 kernel of torch's deprecated quantized ops was
-  faster (4-6x) but changed the answers; int8 weight-only (`_weight_int8pack_mm`, what torchao 0.18 runs on
-  CPU) kept them best (KL 0.004) but ran no faster than float32 at 8-32 rows, and 1.5x slower at every
-  row count through torchao's dynamic per-token int8.
+Why weight-only (SmolLM2 on the eval set and the course machine's kind, 2 cores, AVX-512;
+benchmarks/RESULTS.md, "Numerics: float32, int8, int4"):
+- quality: the engine's first int8 was W8A8 with one activation scale per call (torch's deprecated quantized
+  ops). LLM activations have outlier channels (SmolLM2's down_proj inputs peak at up to 17,000x their mean),
+  so one scale gave the many small values few levels: greedy agreement with float32 0.18-0.36, KL 0.47-0.60
+  nats/token. Per-token scales (`torch._int_mm`) reached 0.60 / 0.03, and 0.76-0.88 / 0.024-0.027 with
+  down_proj left in float32. Weight-only keeps the activations whole: KL 0.004 (float32 activations);
+- speed: with bfloat16 activations the weight-only kernel ran SmolLM2's 30 layers of projections 3.3x
+  faster than float32 at one row, 2.4x at 8 and 1.4x at 32 (per-token W8A8: 2.3x, 3.0x, 2.9x; with float32
+  activations the same weight-only kernel is 1.6-20x *slower* than float32: never feed it float32);
+- batch invariance: nothing is computed from the batch, so a request's numbers do not depend on what it is
+  batched with (tested, tests/engine/test_quantization.py).
+torchao 0.18 (which torch points its deprecated quantized ops to) installs beside torch 2.13 and runs on
+CPU, but its int8 weight-only path ran 1.4-2.5x slower than calling this kernel directly and its dynamic
+per-token int8 was slower than float32 at 1 and 8 rows, so the engine calls torch's kernel itself.
 
 The float32 path (`quantization=None`) stays the reference that the parity tests hold token-exact.
 
-Lesson: lessons/01-continuous-batching.md (the cost of a step: what a decode step streams from memory).
+Lesson: lessons/01-continuous-batching.md (the cost of a step: what a decode step streams from memory);
+lessons/07-tuning-knobs.md#numerics.
 """
 
 from __future__ import annotations
@@ -44,33 +44,27 @@ from ref_engine.model.int4 import (
 )
 from ref_engine.model.llama import STACKED_PARAMS, LlamaForCausalLM, TransposedLinear
 
-# Projections int8 keeps in float32: their inputs have outlier channels that 8 bits per token cannot hold.
-INT8_FLOAT_PROJECTIONS = ("down_proj",)
-_TINY = torch.finfo(torch.float32).tiny
-
 
 class Int8Linear(nn.Module):
-    """`y = x @ W.T + b` with `W` ([out, in]) in int8, one scale per output channel, and each row of `x`
-    quantized to int8 with its own scale (dynamic, per token); the product in exact int32."""
+    """`y = x @ W.T + b` with `W` ([out, in]) in int8, one scale per output channel, on torch's CPU
+    weight-only kernel with bfloat16 activations; float32 in and out, like the rest of the model."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         weight = weight.detach().float()
-        scales = (weight.abs().amax(dim=1) / 127).clamp_min(_TINY)
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        qweight = torch.round(weight / scales[:, None]).to(torch.int8).t().contiguous()  # [in, out]
-        self.qweight = nn.Parameter(qweight, requires_grad=False)
-        self.weight_scales = nn.Parameter(scales, requires_grad=False)
+        scales = (weight.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.bfloat16).tiny).to(torch.bfloat16)
+        self.out_features, self.in_features = weight.shape
+        qweight = torch.round(weight / scales.float()[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+        self.qweight = nn.Parameter(qweight, requires_grad=False)  # [out, in]
+        self.scales = nn.Parameter(scales, requires_grad=False)  # [out], bfloat16
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x_scales = (x.abs().amax(dim=-1, keepdim=True) / 127).clamp_min(_TINY)
-        qx = torch.round(x / x_scales).clamp(-127, 127).to(torch.int8)
-        y = torch._int_mm(qx, self.qweight).float() * (x_scales * self.weight_scales)
+        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.qweight, self.scales).float()
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 W8A8 per token"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weight-only"
 
 
 def check_quantization(quantization: str | None, dtype: torch.dtype, device: torch.device,
@@ -94,8 +88,8 @@ def check_quantization(quantization: str | None, dtype: torch.dtype, device: tor
             raise ValueError(f"quantization='int4' runs on torch's int4 CPU kernel "
                              f"(aten._weight_int4pack_mm_for_cpu); {where}")
     elif device.type != "cpu":
-        raise ValueError(f"quantization={quantization!r} runs on torch's CPU int8 matmul (torch._int_mm); this "
-                         f"engine is on {device.type}")
+        raise ValueError(f"quantization={quantization!r} runs on torch's CPU int8 weight-only kernel "
+                         f"(aten._weight_int8pack_mm); this engine is on {device.type}")
 
 
 # our fused projection -> the Hugging Face projections that are its shards, in order
@@ -108,7 +102,7 @@ def quantize_model(model: LlamaForCausalLM, quantization: str, group_size: int =
                    int4_weights: dict[str, Int4Weight] | None = None) -> None:
     """Replace, in place, every projection of a loaded float32 `model` by its `quantization` form.
 
-    "int8": `Int8Linear`, except `INT8_FLOAT_PROJECTIONS`. "int4": `Int4Linear` with groups of `group_size`
+    "int8": `Int8Linear`. "int4": `Int4Linear` with groups of `group_size`
     inputs, each shard from `int4_weights` (Hugging Face name -> a checkpoint's own 4-bit codes, a GGUF's
     Q4_1) where given, else quantized from its float weight. The embedding and the LM head stay float32."""
     int4_weights = int4_weights or {}
@@ -117,8 +111,6 @@ def quantize_model(model: LlamaForCausalLM, quantization: str, group_size: int =
             continue
         parent, _, attr = name.rpartition(".")
         if quantization == "int8":
-            if attr in INT8_FLOAT_PROJECTIONS:
-                continue
             replacement: nn.Module = Int8Linear(child.weight.t(), child.bias)
         else:
             shards = [f"{parent}.{proj}.weight" for proj in FUSED_SHARDS.get(attr, [attr])]

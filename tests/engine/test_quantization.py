@@ -1,4 +1,4 @@
-"""`quantization="int8"`: W8A8 with per-token activation scales (ref_engine/model/quantization.py), and
+"""`quantization="int8"`: int8 weight-only with bfloat16 activations (ref_engine/model/quantization.py), and
 what int8 and int4 share.
 
 - one layer: `Int8Linear` reproduces the float product within the quantization error the test derives;
@@ -20,16 +20,15 @@ from ref_engine.model.quantization import Int8Linear, check_quantization
 
 needs_int4_kernel = pytest.mark.skipif(not has_int4_kernel(torch.device("cpu")),
                                        reason="this torch has no CPU int4 kernel (aten._weight_int4pack_mm_for_cpu)")
-PER_ROW_PATHS = ["int8", pytest.param("int4", marks=needs_int4_kernel)]
+QUANTIZED_PATHS = ["int8", pytest.param("int4", marks=needs_int4_kernel)]
 
 
 @pytest.mark.parametrize("rows", [1, 16, 64])
 def test_int8_linear_reproduces_the_float_product_within_the_rounding_error(rows):
-    """Rounding each weight to its channel's step (max |w| / 127) and each activation to its row's step
-    errs by at most half a step each, uniformly spread: about 1 / (2 * 127 * sqrt(3)) = 0.23% of the
-    channel's largest weight per weight, and as much per activation, so with Gaussian values (largest
-    ~3-4x the typical) the relative error of the product is around 1-2%. Bound: 3%. A transposed or
-    mis-scaled weight is off by ~100%."""
+    """Rounding each weight to its channel's step (max |w| / 127) errs by at most half a step, uniformly
+    spread: about 1 / (2 * 127 * sqrt(3)) = 0.23% of the channel's largest weight, so with Gaussian weights
+    (largest ~3-4x the typical) about 1% of the product; bfloat16 activations, scales and output add at most
+    2^-8 = 0.4% each. Bound: 3%. A transposed or mis-scaled weight is off by ~100%."""
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(1536, 576, generator=generator) * 0.02  # [out, in], as nn.Linear
     bias = torch.randn(1536, generator=generator) * 0.01
@@ -39,10 +38,10 @@ def test_int8_linear_reproduces_the_float_product_within_the_rounding_error(rows
     assert error < 0.03, f"relative error {error:.4f}"
 
 
-@pytest.mark.parametrize("quantization", PER_ROW_PATHS)
+@pytest.mark.parametrize("quantization", QUANTIZED_PATHS)
 def test_a_quantized_projection_is_batch_invariant(quantization):
-    """int8 scales each row by its own largest value and sums in exact int32; int4 quantizes no activation:
-    each row's output is the same bits alone or among 40 rows."""
+    """Both are weight-only: no number is taken from the batch, so each row's output is the same bits alone
+    or among 40 rows."""
     generator = torch.Generator().manual_seed(2)
     weight, bias = torch.randn(960, 576, generator=generator), torch.randn(960, generator=generator)
     linear = Int8Linear(weight, bias) if quantization == "int8" else Int4Linear(Int4Weight.quantize(weight, 32), bias)
@@ -53,7 +52,7 @@ def test_a_quantized_projection_is_batch_invariant(quantization):
     assert torch.equal(together[5:37], linear(x[5:37]))
 
 
-@pytest.mark.parametrize("quantization", PER_ROW_PATHS)
+@pytest.mark.parametrize("quantization", QUANTIZED_PATHS)
 def test_a_quantized_engine_gives_each_request_the_same_tokens_alone_and_in_a_batch(make_tiny_hf_model,
                                                                                      quantization):
     loaded = load_model(make_tiny_hf_model("llama", name="quantized-llama"), quantization=quantization)
@@ -68,7 +67,7 @@ def test_a_quantized_engine_gives_each_request_the_same_tokens_alone_and_in_a_ba
 @pytest.mark.parametrize("kwargs, message", [
     (dict(quantization="int3"), "quantization='int3' is not a method this engine has; choices: None"),
     (dict(quantization="int8", dtype=torch.bfloat16), "computes in float32 around its quantized products"),
-    (dict(quantization="int8", device=torch.device("cuda")), "runs on torch's CPU int8 matmul"),
+    (dict(quantization="int8", device=torch.device("cuda")), "runs on torch's CPU int8 weight-only kernel"),
 ])
 def test_bad_values_name_the_knob_and_the_choices(kwargs, message):
     args = {"quantization": None, "dtype": torch.float32, "device": torch.device("cpu"), **kwargs}
