@@ -1,5 +1,5 @@
-"""Engine speed per numeric path (float32, float32 with a bfloat16 KV cache, bfloat16, int8 W8A8 with
-per-token scales, int4 weight-only), beside transformers, and each path's quality against float32 on the eval
+"""Engine speed per numeric path (float32, float32 with a bfloat16 KV cache, bfloat16, int8 and int4
+weight-only), beside transformers, and each path's quality against float32 on the eval
 set, side by side in one run.
 
     python benchmarks/engine_speed.py [--eval-prompts 50] [--eval-tokens 64]
@@ -13,9 +13,8 @@ operators, and threads that sleep between them cost single-stream decode up to 2
 - transformers `generate()` (float32 and bfloat16) on the same GGUF weights, the same two shapes;
 - quality: `serving_lab.eval_set.compare_quality` against float32 (greedy agreement, mean KL);
 - `--kernels`: the projection kernels alone (float32, float32 through MKL's prepacked weights as inductor's
-  `freezing` compiles it, the engine's int8 `Int8Linear` (W8A8, per-token scales, `torch._int_mm`) on every
-  projection, torch's weight-only int8 with bfloat16 activations, the engine's int4 `Int4Linear`), on
-  SmolLM2's shapes, at 1, 8 and 32 rows.
+  `freezing` compiles it, the engine's int8 `Int8Linear` and int4 `Int4Linear`, both weight-only with
+  bfloat16 activations), on SmolLM2's shapes, at 1, 8 and 32 rows.
 
 Each engine number is the faster of two runs after a warm-up. Prints markdown; copy it with the machine
 and the command into benchmarks/RESULTS.md ("Engine speed"). A benchmark, not a test.
@@ -42,7 +41,7 @@ from serving_lab.eval_set import compare_quality, eval_prompts
 PROMPT_LEN, OUTPUT_LEN = 128, 128
 # name -> (load_model's numerics, the engine's kv_cache_dtype)
 PATHS = {"float32": ({}, "auto"), "float32, bfloat16 KV cache": ({}, "bfloat16"),
-         "bfloat16": ({"dtype": "bfloat16"}, "auto"), "int8 (W8A8, per token)": ({"quantization": "int8"}, "auto"),
+         "bfloat16": ({"dtype": "bfloat16"}, "auto"), "int8 (weight-only)": ({"quantization": "int8"}, "auto"),
          "int4 (weight-only, Q4_1 blocks)": ({"quantization": "int4"}, "auto")}
 BATCHES = (1, 8, 32)
 
@@ -89,11 +88,6 @@ def kernel_ms(arch: ArchConfig, rows: int) -> dict[str, float]:
     layers = [[torch.randn(n_out, n_in) * 0.02 for n_in, n_out in shapes] for _ in range(arch.num_layers)]
     inputs = {n_in: torch.randn(rows, n_in) for n_in, _ in shapes}
 
-    def weight_only_int8(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        scale = weight.abs().amax(1) / 127
-        packed = torch.round(weight / scale[:, None]).to(torch.int8)
-        return lambda x: torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), packed, scale.to(torch.bfloat16))
-
     def float32(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         stored = weight.t().contiguous()  # [in, out], as the engine's TransposedLinear stores it
         return lambda x: x @ stored
@@ -105,8 +99,7 @@ def kernel_ms(arch: ArchConfig, rows: int) -> dict[str, float]:
     kernels = {
         "float32 x @ W": float32,
         "float32, MKL prepacked (inductor freezing)": mkl_prepacked,
-        "int8 W8A8, per-token scales (Int8Linear, every projection)": lambda w: Int8Linear(w, None),
-        "int8 weight-only, bfloat16 activations (_weight_int8pack_mm)": weight_only_int8,
+        "int8 weight-only, bfloat16 activations (Int8Linear)": lambda w: Int8Linear(w, None),
         "int4 weight-only, group 32, bfloat16 activations (Int4Linear)": lambda w: Int4Linear(
             Int4Weight.quantize(w, 32), None),
     }
