@@ -1,5 +1,6 @@
-"""Engine speed per numeric path (float32, float32 with a bfloat16 KV cache, bfloat16, int8 W8A8), beside
-transformers, and each path's quality against float32 on the eval set, side by side in one run.
+"""Engine speed per numeric path (float32, float32 with a bfloat16 KV cache, bfloat16, int8 and int4
+weight-only), beside transformers, and each path's quality against float32 on the eval
+set, side by side in one run.
 
     python benchmarks/engine_speed.py [--eval-prompts 50] [--eval-tokens 64]
     python benchmarks/engine_speed.py --kernels     # only the projection kernels, ~1 min
@@ -8,12 +9,12 @@ transformers, and each path's quality against float32 on the eval set, side by s
 operators, and threads that sleep between them cost single-stream decode up to 2x on the course machine.)
 
 - single stream: one prompt of 128 tokens, 128 output tokens (EOS ignored), greedy, output tok/s;
-- batch 32: 32 such requests at once, output tok/s (continuous batching, all decode together);
+- batch 8 and 32: 8 or 32 such requests at once, output tok/s (continuous batching, all decode together);
 - transformers `generate()` (float32 and bfloat16) on the same GGUF weights, the same two shapes;
 - quality: `serving_lab.eval_set.compare_quality` against float32 (greedy agreement, mean KL);
 - `--kernels`: the projection kernels alone (float32, float32 through MKL's prepacked weights as inductor's
-  `freezing` compiles it, the W8A8 kernel `Int8Linear` uses, W8A8 with per-token scales through
-  `torch._int_mm`, torch's weight-only int8), on SmolLM2's shapes, at 1, 8 and 32 rows.
+  `freezing` compiles it, the engine's int8 `Int8Linear` and int4 `Int4Linear`, both weight-only with
+  bfloat16 activations), on SmolLM2's shapes, at 1, 8 and 32 rows.
 
 Each engine number is the faster of two runs after a warm-up. Prints markdown; copy it with the machine
 and the command into benchmarks/RESULTS.md ("Engine speed"). A benchmark, not a test.
@@ -31,6 +32,7 @@ from transformers import AutoModelForCausalLM
 
 from core.arch_config import ArchConfig
 from ref_engine import LLM, SamplingParams
+from ref_engine.model.int4 import Int4Linear, Int4Weight
 from ref_engine.model.loader import LoadedModel, load_model
 from ref_engine.model.quantization import Int8Linear
 from ref_engine.model.store import default_model_path
@@ -39,7 +41,9 @@ from serving_lab.eval_set import compare_quality, eval_prompts
 PROMPT_LEN, OUTPUT_LEN = 128, 128
 # name -> (load_model's numerics, the engine's kv_cache_dtype)
 PATHS = {"float32": ({}, "auto"), "float32, bfloat16 KV cache": ({}, "bfloat16"),
-         "bfloat16": ({"dtype": "bfloat16"}, "auto"), "int8 (W8A8)": ({"quantization": "int8"}, "auto")}
+         "bfloat16": ({"dtype": "bfloat16"}, "auto"), "int8 (weight-only)": ({"quantization": "int8"}, "auto"),
+         "int4 (weight-only, Q4_1 blocks)": ({"quantization": "int4"}, "auto")}
+BATCHES = (1, 8, 32)
 
 
 def prompts(batch: int) -> list[list[int]]:
@@ -84,20 +88,6 @@ def kernel_ms(arch: ArchConfig, rows: int) -> dict[str, float]:
     layers = [[torch.randn(n_out, n_in) * 0.02 for n_in, n_out in shapes] for _ in range(arch.num_layers)]
     inputs = {n_in: torch.randn(rows, n_in) for n_in, _ in shapes}
 
-    def per_token_int_mm(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        scale = weight.abs().amax(1) / 127
-        packed = torch.round(weight / scale[:, None]).to(torch.int8).t().contiguous()
-
-        def run(x: torch.Tensor) -> torch.Tensor:
-            x_scale = x.abs().amax(1, keepdim=True) / 127
-            return torch._int_mm(torch.round(x / x_scale).to(torch.int8), packed).float() * (x_scale * scale)
-        return run
-
-    def weight_only_int8(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        scale = weight.abs().amax(1) / 127
-        packed = torch.round(weight / scale[:, None]).to(torch.int8)
-        return lambda x: torch.ops.aten._weight_int8pack_mm(x, packed, scale)
-
     def float32(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         stored = weight.t().contiguous()  # [in, out], as the engine's TransposedLinear stores it
         return lambda x: x @ stored
@@ -109,9 +99,9 @@ def kernel_ms(arch: ArchConfig, rows: int) -> dict[str, float]:
     kernels = {
         "float32 x @ W": float32,
         "float32, MKL prepacked (inductor freezing)": mkl_prepacked,
-        "int8 W8A8, dynamic (Int8Linear)": lambda w: Int8Linear(w, None),
-        "int8 W8A8, per-token scales (torch._int_mm)": per_token_int_mm,
-        "int8 weight-only (_weight_int8pack_mm)": weight_only_int8,
+        "int8 weight-only, bfloat16 activations (Int8Linear)": lambda w: Int8Linear(w, None),
+        "int4 weight-only, group 32, bfloat16 activations (Int4Linear)": lambda w: Int4Linear(
+            Int4Weight.quantize(w, 32), None),
     }
     result = {}
     for name, make in kernels.items():
@@ -138,8 +128,9 @@ def main() -> None:
             print(f"| {name} | " + " | ".join(f"{table[rows][name]:.1f}" for rows in table) + " |")
         return
     print(f"prompt {PROMPT_LEN}, output {OUTPUT_LEN} tokens; eval {args.eval_prompts} prompts x {args.eval_tokens} tokens")
-    print("\n| system | single stream (tok/s) | batch 32 (tok/s) | greedy agreement | mean KL (nats/token) |")
-    print("| --- | --- | --- | --- | --- |")
+    print("\n| system | single stream (tok/s) | batch 8 (tok/s) | batch 32 (tok/s) | greedy agreement "
+          "| mean KL (nats/token) |")
+    print("| --- | --- | --- | --- | --- | --- |")
     models = {name: load_model(None, **kwargs) if kwargs else reference for name, (kwargs, _) in PATHS.items()}
     prompts = eval_prompts(args.eval_prompts)
     qualities = {}
@@ -149,13 +140,13 @@ def main() -> None:
         qualities |= dict(zip(names, judged))
     for name, loaded in models.items():
         kv_cache_dtype = PATHS[name][1]
-        single, batched = engine_tok_s(loaded, 1, kv_cache_dtype), engine_tok_s(loaded, 32, kv_cache_dtype)
+        speeds = " | ".join(f"{engine_tok_s(loaded, batch, kv_cache_dtype):.1f}" for batch in BATCHES)
         quality = (f"{qualities[name].agreement:.3f} | {qualities[name].mean_kl:.5f}" if name in qualities
                    else "reference | reference")
-        print(f"| engine, {name} | {single:.1f} | {batched:.1f} | {quality} |", flush=True)
+        print(f"| engine, {name} | {speeds} | {quality} |", flush=True)
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        print(f"| transformers generate, {name} | {transformers_tok_s(dtype, 1):.1f} | "
-              f"{transformers_tok_s(dtype, 32):.1f} |  |  |", flush=True)
+        speeds = " | ".join(f"{transformers_tok_s(dtype, batch):.1f}" for batch in BATCHES)
+        print(f"| transformers generate, {name} | {speeds} |  |  |", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ For each shape it times steps without a profiler (the wall time per step, and wi
 `schedule` and `update_from_output`), then runs the same steps under `torch.profiler` with Python stacks
 and files every top-level operator under the engine function that called it:
 
-- **matmuls**: the projections (`TransposedLinear`, `Int8Linear`) and the LM head (`compute_logits`);
+- **matmuls**: the projections (`TransposedLinear`, `Int8Linear`, `Int4Linear`) and the LM head (`compute_logits`);
 - **attention**: writing the new K/V into the cache, the block gathers, the masks and SDPA
   (`paged_attention`, `write_kv_cache`) and the per-step metadata (`AttentionMetadata`);
 - **elementwise**: RMSNorm, rotary, SiLU-and-mul, residual adds, the embedding lookup, splits;
@@ -35,6 +35,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from ref_engine import SamplingParams
 from ref_engine.engine import LLMEngine
+from ref_engine.model.int4 import Int4Linear
 from ref_engine.model.llama import TransposedLinear
 from ref_engine.model.loader import LoadedModel, load_model
 from ref_engine.model.quantization import Int8Linear
@@ -58,7 +59,8 @@ def _source_lines(function: Callable) -> tuple[str, range]:
     return path[path.rindex("ref_engine/"):], range(first, first + len(lines))
 
 
-PROJECTIONS = [_source_lines(TransposedLinear.forward), _source_lines(Int8Linear.forward)]
+PROJECTIONS = [_source_lines(TransposedLinear.forward), _source_lines(Int8Linear.forward),
+               _source_lines(Int4Linear.forward)]
 
 
 def category(operator: FunctionEvent) -> str:

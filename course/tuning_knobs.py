@@ -6,7 +6,7 @@ the engine, numerics on the throughput/quality plane, and the roofline floor whe
 - `sweep`: `serving_lab.sweep` on a grid, in the simulator, with every point measured on the engine when
   asked (the CPU sweep, whose rank agreement the notebook reports);
 - `slo_picks`: for each SLO, the point with the highest goodput;
-- `numerics`: float32, bfloat16 and int8 weights on this CPU, measured: throughput and quality on the eval set;
+- `numerics`: float32, bfloat16, int8 and int4 weights on this CPU, measured: throughput and quality on the eval set;
 - `roofline`: simulated decode throughput against the device's roofline ceiling, by batch size.
 
 `sweep_loop` draws the sweep's loop; `demo` is `serving-lab demo tuning`.
@@ -66,18 +66,20 @@ def slo_picks(result: SweepResult, slos: Sequence[SLO]) -> list[dict[str, Any]]:
 
 def numerics(reference: Any, prompts: list[str], max_tokens: int, workload: Workload, config: EngineConfig,
              path: str | None = None) -> list[dict[str, Any]]:
-    """float32 (`reference`, loaded from `path`; None: the default model), bfloat16 and (where torch has its
-    x86 quantized kernels) int8 W8A8 weights on this CPU: the engine's measured output throughput on `workload`, and quality against float32
-    on `prompts` of the eval set (greedy agreement, KL in nats per token)."""
+    """float32 (`reference`, loaded from `path`; None: the default model), bfloat16, int8 and (where torch has
+    its CPU int4 kernel) int4 weights on this CPU: the engine's measured output throughput on `workload`, and
+    quality against float32 on `prompts` of the eval set (greedy agreement, KL in nats per token)."""
     import torch
 
     from ref_engine import bench
+    from ref_engine.model.int4 import has_int4_kernel
     from ref_engine.model.loader import load_model, quantized
     from serving_lab.eval_set import compare_quality
 
-    variants = {"float32": reference, "bfloat16": load_model(path, dtype="bfloat16")}
-    if torch.backends.quantized.engine == "x86":
-        variants["int8 W8A8"] = quantized(reference, "int8")
+    variants = {"float32": reference, "bfloat16": load_model(path, dtype="bfloat16"),
+                "int8 weight-only": quantized(reference, "int8")}
+    if has_int4_kernel(torch.device("cpu")):
+        variants["int4 weight-only"] = quantized(reference, "int4")
     rows = []
     for (name, loaded), quality in zip(variants.items(), [None, *compare_quality(
             reference, list(variants.values())[1:], prompts, max_tokens)]):

@@ -116,8 +116,8 @@ class LLMEngine:
                  kv_cache_dtype: str = "auto", enforce_eager: bool = True, **knobs: Any) -> None:
         """`model`: a path, None for the default SmolLM2, or an already `LoadedModel` (so sweeps load the
         weights once and build one engine per configuration; it comes quantized or not). `kv_transfer_config`:
-        this engine's role in a disaggregated pair, if any. `quantization`: None (the float reference) or
-        "int8" (W8A8, ref_engine/model/quantization.py). `kv_cache_dtype`: "auto" (the model's dtype) or
+        this engine's role in a disaggregated pair, if any. `quantization`: None (the float reference),
+        "int8" (W8A8) or "int4" (weight-only), ref_engine/model/quantization.py. `kv_cache_dtype`: "auto" (the model's dtype) or
         a dtype to store K/V in (ref_engine/attention.py; "bfloat16" doubles the blocks a pool holds).
         `enforce_eager`: True (the default: on the course CPU compiling did not pay, benchmarks/RESULTS.md)
         runs the model eagerly; False compiles its forward at start (ref_engine/model/compile.py)."""

@@ -298,9 +298,9 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
               threads: int | None = None) -> HardwareProfile:
     """Measure this machine with the real engine and return (and by default save) its fitted profile.
 
-    `model`: a path, None for the default SmolLM2, or a `LoadedModel`. `quantization="int8"` measures the
-    int8 engine (a float32 `LoadedModel` is quantized first) and fits a profile whose rates are keyed
-    "int8", the dtype the simulator prices it as (1-byte weights). `config` only contributes its
+    `model`: a path, None for the default SmolLM2, or a `LoadedModel`. `quantization="int8"` (or "int4") measures
+    that engine (a float32 `LoadedModel` is quantized first) and fits a profile whose rates are keyed
+    "int8" ("int4"), the dtype the simulator prices it as (1-byte weights; 0.625 bytes a weight for int4). `config` only contributes its
     `block_size` (the grid sets the other knobs per point). `threads`: measure on that many torch threads
     (the count is restored after) and name the profile for them, so it is saved beside the default one
     (`calibrated_profile_name`); None: the threads as they are, the default name."""
@@ -409,7 +409,7 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32", threads: int
 
     `serving-lab calibrate` refits on demand. `threads`: the profile for that many torch threads (probed
     and calibrated on them, kept under a name of its own, see `calibrate`); the engines of a 1P+1D pair run
-    one thread each. `quantization`: the int8 engine's profile (see `calibrate`)."""
+    one thread each. `quantization`: the int8 or int4 engine's profile (see `calibrate`)."""
     import torch
 
     loaded = engine_model(model, dtype, quantization)

@@ -72,7 +72,8 @@ def add_generate_parser(subparsers: Subparsers) -> None:
     p.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
-                   help="int8: W8A8 weights and activations (faster on x86 CPUs; quality in benchmarks/RESULTS.md)")
+                   help="int8: W8A8 with per-token activation scales; int4: 4-bit weights (a GGUF's own Q4_1 "
+                        "blocks); speed and quality in benchmarks/RESULTS.md")
     p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
                    help="what the KV cache stores K/V in (auto: the model's dtype)")
     p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True,
@@ -161,8 +162,9 @@ def add_calibrate_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser("calibrate", help="measure this machine with the engine and save its simulator profile")
     p.add_argument("--model", default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--quantization", default=None, choices=["int8"],
-                   help="measure the int8 engine (W8A8) and save its profile, whose rates the simulator prices as int8")
+    p.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
+                   help="measure the int8 or int4 engine and save its profile, whose rates the simulator prices "
+                        "under that name (int8: 1-byte weights; int4: 0.625 bytes a weight with its scales)")
     p.set_defaults(func=_calibrate)
 
 

@@ -103,9 +103,10 @@ class EngineSection(_Section):
     trust_remote_code: bool  # vLLM's flag; our engine runs no model code from a repository either way
     served_model_name: NonEmptyStr | None  # the name clients send as "model" (None: engine.model)
     # The engine's numerics. None: float32, the reference that matches transformers token for token (vLLM's
-    # own default is "auto", the checkpoint's dtype). int8: W8A8 on torch's x86 CPU kernels, computed in float32.
+    # own default is "auto", the checkpoint's dtype). int8: W8A8 with per-token scales; int4: weight-only
+    # (a GGUF's own Q4_1 blocks); both on CPU kernels, computed in float32 around them.
     dtype: Literal["float32", "bfloat16"] | None = None
-    quantization: Literal["int8"] | None = None
+    quantization: Literal["int8", "int4"] | None = None
     # What the KV cache stores K/V in (vLLM's --kv-cache-dtype). None or "auto": the engine's dtype.
     kv_cache_dtype: Literal["auto", "float32", "bfloat16"] | None = None
     # vLLM's --enforce-eager: true (or None, our engine's default) runs the model eagerly; false compiles it
@@ -253,8 +254,8 @@ class Manifest(_Section):
         engine, spec = self.engine, self.optional.speculative_decoding
         problems = []
         if engine.quantization is not None and engine.dtype not in (None, "float32"):
-            problems.append(f"engine.quantization: {engine.quantization} computes in float32 around its int8 "
-                            f"products; engine.dtype must be float32 or null, got {engine.dtype!r}")
+            problems.append(f"engine.quantization: {engine.quantization} computes in float32 around its "
+                            f"quantized products; engine.dtype must be float32 or null, got {engine.dtype!r}")
         model_found = _found_locally(engine.model)
         if not model_found:
             problems.append(f"engine.model: the engine loads {DEFAULT_MODEL!r}, a GGUF file or a Hugging Face "
@@ -303,7 +304,7 @@ class Manifest(_Section):
     def simulator_kwargs(self, speculation: bool = True) -> dict[str, Any]:
         """`Simulator(hardware=..., **manifest.simulator_kwargs())`: the priced model (known names too),
         the config, the tensor-parallel degree, a draft model's dimensions, and the dtype the linear layers
-        run in when the manifest names one (int8 under `engine.quantization`; None: the simulator's choice,
+        run in when the manifest names one (int8 or int4 under `engine.quantization`; None: the simulator's choice,
         a calibrated profile's own dtype or bfloat16), which the hardware profile must know how to price.
         `speculation=False` prices the deployment without its speculative decoding (`simulate` does so, and
         says so, when it has no acceptance rate to price the drafts with)."""

@@ -49,9 +49,10 @@ def vllm_serve_command(manifest: Manifest) -> str:
     if engine.enforce_eager:
         flags.append(("--enforce-eager", None))
     if engine.quantization is not None:
-        notes.append(f"engine.quantization: {engine.quantization} (our on-the-fly W8A8 on x86 CPU kernels) has no "
-                     "vllm serve flag: vLLM runs int8 W8A8 from a checkpoint quantized ahead of time (e.g. with "
-                     "llm-compressor); its on-the-fly 8-bit path on GPUs is --quantization fp8")
+        notes.append(f"engine.quantization: {engine.quantization} (our CPU kernels, quantized at load) has no "
+                     "vllm serve flag: vLLM runs int8 W8A8 and int4 weight-only from a checkpoint quantized ahead "
+                     "of time (e.g. with llm-compressor, or GPTQ/AWQ for int4); its on-the-fly 8-bit path on "
+                     "GPUs is --quantization fp8")
     if api.request_limits.max_model_len is not None:
         flags.append(("--max-model-len", api.request_limits.max_model_len))
     flags += [("--max-num-seqs", config.max_num_seqs), ("--block-size", config.block_size)]

@@ -49,7 +49,8 @@ Bytes moved through memory (read once per step; caches and fusion are ignored)
                        on a CPU at big batches.
 
 Time (seconds)
-    compute_s  = linear_flops / (peak_flops[dtype] * matmul_efficiency[dtype] * tp)
+    compute_s  = linear_flops / (peak_flops[dtype] * matmul_efficiency[dtype] * tp)   (dtype: the activations'
+                 for a weight-only format the profile has no rate for, `compute_dtype`)
                  + attention_flops / (peak_flops[attention dtype] * attention_efficiency * tp)
                  the attention dtype is the activations' (bf16 under FP8 weights: FP8 halves the linear
                  layers' time, not attention's); attention kernels rarely run at matmul speed (masks,
@@ -89,7 +90,7 @@ from core.arch_config import ArchConfig
 from core.config import EngineConfig
 from core.kv_sizing import num_kv_blocks
 from core.metrics import StepRecord
-from sim.hardware import HardwareProfile, dtype_bytes
+from sim.hardware import WEIGHT_ONLY_DTYPES, HardwareProfile, dtype_bytes
 
 Combine = Literal["max", "sum"]
 
@@ -230,6 +231,21 @@ def activation_dtype(dtype: str, hardware: HardwareProfile) -> str:
     return next((d for d in ("bfloat16", "float16") if d in hardware.peak_flops), dtype)
 
 
+def compute_dtype(dtype: str, hardware: HardwareProfile) -> str:
+    """The dtype whose FLOP/s the linear layers run at under `dtype` weights: `dtype` itself, except a
+    weight-only format (`WEIGHT_ONLY_DTYPES`) that `hardware` has no rate for, which computes in the
+    activation dtype."""
+    if dtype in WEIGHT_ONLY_DTYPES and dtype not in hardware.peak_flops:
+        return activation_dtype(dtype, hardware)
+    return dtype
+
+
+def default_kv_cache_dtype(dtype: str, hardware: HardwareProfile) -> str:
+    """The KV cache's dtype when none is given: the model's `dtype`, or for a weight-only format the
+    activations'."""
+    return activation_dtype(dtype, hardware) if dtype in WEIGHT_ONLY_DTYPES else dtype
+
+
 def model_weight_bytes(arch: ArchConfig, dtype: str, hardware: HardwareProfile) -> int:
     """Bytes of all weights: the decoder layers' in `dtype`, embeddings, lm_head and norms in the activation
     dtype (`activation_dtype`): an FP8 checkpoint keeps those in 16 bits."""
@@ -260,7 +276,7 @@ class CostModel:
         self.arch = arch
         self.hardware = hardware
         self.dtype = dtype
-        self.kv_cache_dtype = kv_cache_dtype or dtype
+        self.kv_cache_dtype = kv_cache_dtype or default_kv_cache_dtype(dtype, hardware)
         self.tensor_parallel_size = tensor_parallel_size
         self.block_size = block_size
         self.combine = combine
@@ -285,7 +301,7 @@ class CostModel:
                                                 + 3 * arch.intermediate_size) * a
         self._activation_bytes_per_logit_row = V * a
         # rates, per step (already divided among the tp devices)
-        self._seconds_per_flop = 1.0 / (hardware.matmul_flops(dtype) * tp)
+        self._seconds_per_flop = 1.0 / (hardware.matmul_flops(compute_dtype(dtype, hardware)) * tp)
         self._seconds_per_attention_flop = 1.0 / (hardware.flops_for(self.activation_dtype)
                                                   * hardware.attention_efficiency * tp)
         self._seconds_per_byte = 1.0 / (hardware.effective_bandwidth * tp)
@@ -447,7 +463,8 @@ def kv_cache_num_blocks(arch: ArchConfig, hardware: HardwareProfile, dtype: str 
     if activation_reserve_bytes is None:
         activation_reserve_bytes = estimate_activation_bytes(arch, dtype, max_num_batched_tokens, max_num_seqs)
     config = EngineConfig(block_size=block_size, gpu_memory_utilization=gpu_memory_utilization)
-    per_block = arch.kv_bytes_per_block(block_size, dtype_bytes(kv_cache_dtype or dtype), tp)
+    kv_dtype = kv_cache_dtype or default_kv_cache_dtype(dtype, hardware)
+    per_block = arch.kv_bytes_per_block(block_size, dtype_bytes(kv_dtype), tp)
     return num_kv_blocks(config, per_block, device_memory=hardware.memory_bytes,
                          weight_bytes=model_weight_bytes(arch, dtype, hardware) / tp,
                          activation_bytes=activation_reserve_bytes, model=arch.name)

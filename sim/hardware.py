@@ -54,20 +54,28 @@ from typing import Any
 
 from core.paths import cache_dir
 
-# Bytes per element of each dtype name used by profiles and the cost model.
-DTYPE_BYTES: dict[str, int] = {
+# Bytes per element of each dtype name used by profiles and the cost model. "int4" is a weight format,
+# priced per weight: 4 bits, plus a bfloat16 scale and zero shared by each group of INT4_GROUP_SIZE weights
+# (ref_engine/model/int4.py; a Q4_1 block of 32 stores fp16 ones, the same 4 bytes).
+INT4_GROUP_SIZE = 32
+DTYPE_BYTES: dict[str, float] = {
     "float32": 4,
     "float16": 2,
     "bfloat16": 2,
     "fp8": 1,
     "int8": 1,
+    "int4": 0.5 + 2 * 2 / INT4_GROUP_SIZE,
 }
+# Formats that hold only weights: the product runs in the activation dtype (the weights dequantized in the
+# kernel's tiles), at its FLOP/s unless a profile measured the format itself, and the KV cache is kept in
+# the activation dtype too.
+WEIGHT_ONLY_DTYPES = ("int4",)
 
 TERA = 1e12
 GIGA = 1e9
 
 
-def dtype_bytes(dtype: str) -> int:
+def dtype_bytes(dtype: str) -> float:
     """Bytes per element of `dtype` ("float32", "bfloat16", ...); ValueError for an unknown name."""
     try:
         return DTYPE_BYTES[dtype]

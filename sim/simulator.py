@@ -56,7 +56,7 @@ from core.kv_sizing import num_kv_blocks
 from core.metrics import RunMetrics
 from core.scheduler import make_scheduler
 from core.workload import Workload
-from sim.cost_model import CostModel, activation_dtype, model_weight_bytes
+from sim.cost_model import CostModel, activation_dtype, default_kv_cache_dtype, model_weight_bytes
 from sim.executor import CostModelTimer, SimulatedExecutor, StepTimer, feed_arrivals
 from sim.hardware import DEFAULT_CPU_PROFILE, HardwareProfile, dtype_bytes, load_calibrated_profile
 from sim.pipeline import PipelineCostModel
@@ -95,7 +95,8 @@ def num_kv_blocks_for(arch: ArchConfig, hardware: HardwareProfile, config: Engin
     the weights."""
     activation_bytes = dtype_bytes(activation_dtype(dtype, hardware))
     on_cpu = hardware.provenance.get("device_type") == "cpu"
-    full_block = arch.kv_bytes_per_block(config.block_size, dtype_bytes(kv_cache_dtype or dtype), tensor_parallel_size)
+    kv_dtype = kv_cache_dtype or default_kv_cache_dtype(dtype, hardware)
+    full_block = arch.kv_bytes_per_block(config.block_size, dtype_bytes(kv_dtype), tensor_parallel_size)
     stage_layers = -(-arch.num_layers // pipeline_parallel_size)
     return num_kv_blocks(
         config, full_block // arch.num_layers * stage_layers,
@@ -145,7 +146,7 @@ class Simulator:
         self.dtype = dtype
         self.tensor_parallel_size = tensor_parallel_size = opts.tensor_parallel_size
         self.pipeline_parallel_size = pipeline_parallel_size = opts.pipeline_parallel_size
-        self.kv_cache_dtype = opts.kv_cache_dtype or dtype
+        self.kv_cache_dtype = opts.kv_cache_dtype or default_kv_cache_dtype(dtype, self.hardware)
         self.frontend_latency_s = opts.frontend_latency_s
         if pipeline_parallel_size == 1:
             self.cost_model: CostModel | PipelineCostModel = CostModel(

@@ -69,7 +69,7 @@ class EngineArgs:
     model: str | Path | None = None
     dtype: str = "float32"
     device: str | None = None
-    quantization: str | None = None  # None: the float reference; "int8": ref_engine/model/quantization.py
+    quantization: str | None = None  # None: the float reference; "int8", "int4": ref_engine/model/quantization.py
     kv_cache_dtype: str = "auto"  # what the KV cache stores K/V in (ref_engine/attention.py)
     enforce_eager: bool = True  # False: the model's forward through torch.compile (ref_engine/model/compile.py)
     num_threads: int | None = None  # torch threads in the core; None leaves torch's default

@@ -10,7 +10,8 @@ on the device and streams the weights into it:
 * a file starting with b"GGUF"     -> llama.cpp GGUF file
 
 Weights are computed in float32 or bfloat16, whatever the file stores, or with `quantization="int8"` in
-int8 (ref_engine/model/quantization.py).
+int8 (ref_engine/model/quantization.py), or with `quantization="int4"` as 4-bit codes: a GGUF's own Q4_1
+blocks as they are, any other weight quantized in groups of `quantization_group_size` (ref_engine/model/int4.py).
 
 `LoadedModel.weights_digest` is a SHA-256 of the checkpoint's content files (weights, and a folder's
 config.json): the name says which model, the digest says which numbers, so the engine's prefix cache never
@@ -33,6 +34,7 @@ import torch
 
 from core.arch_config import ArchConfig
 from ref_engine.model import store
+from ref_engine.model.int4 import DEFAULT_GROUP_SIZE, Int4Weight
 from ref_engine.model.llama import LlamaForCausalLM
 from ref_engine.model.loader_gguf import GGUFCheckpoint
 from ref_engine.model.loader_hf import HFCheckpoint
@@ -53,16 +55,19 @@ class LoadedModel:
     eos_token_ids: set[int]
     model_id: str  # names the weights (file stem or folder name, "+int8" when quantized); prefix-cache hashes include it
     weights_digest: str  # which weights: `content_digest` of the checkpoint's files; prefix-cache hashes include it
-    quantization: str | None = None  # None: the float reference; "int8": ref_engine/model/quantization.py
+    quantization: str | None = None  # None: the float reference; "int8", "int4": ref_engine/model/quantization.py
+    path: Path | None = None  # the checkpoint it came from: int4 reads a GGUF's own 4-bit blocks from it
 
 
 def load_model(path: str | Path | None = None, dtype: torch.dtype | str = "float32",
-               device: torch.device | str | None = None, quantization: str | None = None) -> LoadedModel:
+               device: torch.device | str | None = None, quantization: str | None = None,
+               quantization_group_size: int = DEFAULT_GROUP_SIZE) -> LoadedModel:
     """Load a model from `path` (see the module docstring) onto `device` (default: CUDA if present), its
-    projections quantized if `quantization` says so (`quantization.QUANTIZATION_METHODS`)."""
+    projections quantized if `quantization` says so (`quantization.QUANTIZATION_METHODS`;
+    `quantization_group_size`: inputs per scale and zero of int4)."""
     torch_dtype = resolve_dtype(dtype)
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-    check_quantization(quantization, torch_dtype, device)
+    check_quantization(quantization, torch_dtype, device, quantization_group_size)
     path = Path(path) if path is not None else store.default_model_path()
     checkpoint = _open_checkpoint(path)
     tokenizer = checkpoint.tokenizer()
@@ -73,22 +78,37 @@ def load_model(path: str | Path | None = None, dtype: torch.dtype | str = "float
         raise ValueError(f"{path}: {err}") from None
     loaded = LoadedModel(model=model.eval(), tokenizer=tokenizer, arch=checkpoint.arch,
                          eos_token_ids=checkpoint.eos_token_ids(tokenizer), model_id=checkpoint.model_id,
-                         weights_digest=content_digest(checkpoint.content_files))
-    return quantized(loaded, quantization, copy=False) if quantization is not None else loaded
+                         weights_digest=content_digest(checkpoint.content_files), path=path)
+    if quantization is None:
+        return loaded
+    return quantized(loaded, quantization, copy=False, group_size=quantization_group_size)
 
 
-def quantized(loaded: LoadedModel, quantization: str, *, copy: bool = True) -> LoadedModel:
+def quantized(loaded: LoadedModel, quantization: str, *, copy: bool = True,
+              group_size: int = DEFAULT_GROUP_SIZE) -> LoadedModel:
     """`loaded` (a float32 model) with its projections quantized, as `load_model(quantization=)` gives it;
-    with `copy`, a quantized copy that leaves `loaded` as it was, without reading the checkpoint again (a
-    GGUF's dequantization takes seconds)."""
+    with `copy`, a quantized copy that leaves `loaded` as it was, without dequantizing the checkpoint again
+    (which takes seconds; int4 reads only a GGUF's 4-bit blocks)."""
     device = next(loaded.model.parameters()).device
-    check_quantization(quantization, next(loaded.model.parameters()).dtype, device)
+    check_quantization(quantization, next(loaded.model.parameters()).dtype, device, group_size)
     if loaded.quantization is not None:
         raise ValueError(f"the model is already quantized ({loaded.quantization!r}); quantize the float32 one")
     model = deepcopy(loaded.model) if copy else loaded.model
-    quantize_model(model, quantization)
+    try:
+        quantize_model(model, quantization, group_size, _checkpoint_int4_weights(loaded, quantization))
+    except ValueError as err:  # a group size that does not fit: say which model
+        raise ValueError(f"{loaded.path or loaded.model_id}: {err}") from None
     # other numbers: neither its prefix cache nor its profile is the float one's
-    return replace(loaded, model=model, model_id=f"{loaded.model_id}+{quantization}", quantization=quantization)
+    label = quantization if quantization != "int4" or group_size == DEFAULT_GROUP_SIZE else f"int4-g{group_size}"
+    return replace(loaded, model=model, model_id=f"{loaded.model_id}+{label}", quantization=quantization)
+
+
+def _checkpoint_int4_weights(loaded: LoadedModel, quantization: str) -> dict[str, Int4Weight]:
+    """The 4-bit weights the checkpoint itself stores (a GGUF's Q4_1 tensors), for int4; none otherwise."""
+    if quantization != "int4" or loaded.path is None or loaded.path.is_dir():
+        return {}
+    checkpoint = _open_checkpoint(loaded.path)
+    return checkpoint.int4_weights() if isinstance(checkpoint, GGUFCheckpoint) else {}
 
 
 def content_digest(files: Sequence[Path]) -> str:

@@ -7,7 +7,9 @@ Three things differ from a Hugging Face checkpoint:
 1. **Quantization.** Weights are stored in llama.cpp block formats (Q4_1: 32 weights share a scale and
    a minimum, 4 bits each). We dequantize to float32 with `gguf.quants.dequantize` when loading; the
    engine then computes in float32 or bfloat16. (llama.cpp instead keeps the blocks and dequantizes
-   inside its matmul kernels -- a memory saving this reference engine does not try to make.)
+   inside its matmul kernels.) With `quantization="int4"` the Q4_1 tensors also come as their own 4-bit
+   codes, scales and minima (`int4_weights`), which ref_engine/model/int4.py hands to torch's int4
+   kernel without requantizing.
 2. **Names.** `blk.3.attn_q.weight` is `model.layers.3.self_attn.q_proj.weight`, and so on (`_LAYER_NAMES`).
 3. **Rotary layout.** llama.cpp's converter reorders the rows of q_proj and k_proj of "llama" models so
    that ggml can rotate *adjacent* pairs; Hugging Face checkpoints rotate pairs (i, i + head_dim/2).
@@ -28,6 +30,7 @@ import torch
 from gguf import GGMLQuantizationType as QType
 
 from core.arch_config import ArchConfig
+from ref_engine.model.int4 import Int4Weight
 from ref_engine.model.tokenizer import Tokenizer
 
 # The formats of common llama.cpp files whose decoding tests/engine/test_loaders.py checks against a reference.
@@ -90,12 +93,20 @@ class GGUFCheckpoint:
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """`(hugging_face_name, float32 tensor)` for every tensor in the file."""
         for tensor in self.reader.tensors:
-            values = torch.tensor(dequantize(tensor))
-            layer_part = tensor.name.split(".")[-2]  # "attn_q" in "blk.0.attn_q.weight"
-            if self.arch.architecture == "llama" and layer_part in ("attn_q", "attn_k"):
-                heads = self.arch.num_attention_heads if layer_part == "attn_q" else self.arch.num_kv_heads
-                values = unpermute_rope_rows(values, heads)
-            yield self.hf_name(tensor.name), values
+            yield self.hf_name(tensor.name), self.hf_rows(tensor.name, torch.tensor(dequantize(tensor)))
+
+    def int4_weights(self) -> dict[str, Int4Weight]:
+        """The file's Q4_1 tensors as `Int4Weight`s (the same codes, scales and minima), by Hugging Face name."""
+        return {self.hf_name(t.name): Int4Weight.from_q4_1(*(self.hf_rows(t.name, part) for part in q4_1_parts(t)))
+                for t in self.reader.tensors if t.tensor_type == QType.Q4_1}
+
+    def hf_rows(self, gguf_name: str, values: torch.Tensor) -> torch.Tensor:
+        """`values` (a tensor's weights, or anything with one row per output) in Hugging Face's row order."""
+        layer_part = gguf_name.split(".")[-2]  # "attn_q" in "blk.0.attn_q.weight"
+        if self.arch.architecture == "llama" and layer_part in ("attn_q", "attn_k"):
+            heads = self.arch.num_attention_heads if layer_part == "attn_q" else self.arch.num_kv_heads
+            return unpermute_rope_rows(values, heads)
+        return values
 
     def tokenizer(self) -> Tokenizer:
         try:
@@ -119,6 +130,22 @@ def dequantize(tensor: gguf.ReaderTensor) -> np.ndarray:
         raise ValueError(f"unsupported quantization type {tensor.tensor_type.name} for tensor {tensor.name!r}")
     values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     return values.reshape([int(d) for d in reversed(tensor.shape)]).astype(np.float32, copy=False)
+
+
+def q4_1_parts(tensor: gguf.ReaderTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q4_1 tensor's codes `[out, in]` (0..15), scales `d` and minima `m` `[out, in / 32]`: weight
+    `k` of a block is `d * codes[k] + m`.
+
+    A block is 20 bytes: `d` and `m` in fp16, then 16 bytes whose low nibbles are weights 0-15 and high
+    nibbles weights 16-31.
+    """
+    rows = int(tensor.shape[1])
+    blocks = np.asarray(tensor.data).reshape(rows, -1, 20)
+    d, m = (torch.from_numpy(blocks[..., at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32))
+            for at in (0, 2))
+    packed = blocks[..., 4:]
+    codes = np.concatenate([packed & 0xF, packed >> 4], axis=-1).reshape(rows, -1)
+    return torch.from_numpy(codes.astype(np.int32)), d, m
 
 
 def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -89,8 +89,10 @@ def test_numerics_reach_the_engine_the_simulator_and_vllm(tmp_path, capsys):
     assert int8.simulator_kwargs()["dtype"] == "int8"  # 8-bit weights: what the simulator prices
     with pytest.raises(ManifestError, match=r"engine\.quantization: int8 computes in float32.*'bfloat16'"):
         load_manifest(EXAMPLE_MANIFEST, {"engine.quantization": "int8", "engine.dtype": "bfloat16"}).llm_kwargs()
-    with pytest.raises(ManifestError, match=r"engine\.quantization: got 'int4'; allowed: 'int8'"):
-        load_manifest(EXAMPLE_MANIFEST, {"engine.quantization": "int4"})
+    with pytest.raises(ManifestError, match=r"engine\.quantization: got 'int3'; allowed: 'int8' or 'int4'"):
+        load_manifest(EXAMPLE_MANIFEST, {"engine.quantization": "int3"})
+    int4 = load_manifest(EXAMPLE_MANIFEST, {"engine.quantization": "int4"})
+    assert int4.simulator_kwargs()["dtype"] == "int4"  # 0.625 bytes a weight, products in the activations' dtype
     out = run_cli(["manifest", "--to-vllm", str(EXAMPLE_MANIFEST), "--dtype", "bfloat16", "--quantization", "int8"],
                   capsys)
     assert vllm_flags(out)[1]["--dtype"] == "bfloat16"

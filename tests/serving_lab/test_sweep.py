@@ -124,8 +124,8 @@ def test_bad_grids_are_named(grid, message):
 def test_a_bad_point_is_refused_before_anything_runs():
     with pytest.raises(ManifestError, match="grid point max_num_seqs=0: .*max_num_seqs"):
         _sweep({"max_num_seqs": [8, 0]})
-    with pytest.raises(ManifestError, match="grid point dtype=int4: dtype: unknown dtype 'int4'"):
-        _sweep({"dtype": ["bfloat16", "int4"]})
+    with pytest.raises(ManifestError, match="grid point dtype=int3: dtype: unknown dtype 'int3'"):
+        _sweep({"dtype": ["bfloat16", "int3"]})
     with pytest.raises(ManifestError, match="speculation needs an `acceptance_rate` knob"):
         _sweep({"num_speculative_tokens": [0, 4]})
 

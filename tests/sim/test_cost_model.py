@@ -89,6 +89,21 @@ def test_weight_and_kv_dtypes_by_hand(tiny, toy_hw):
     assert int8.compute_s == pytest.approx(5760 / 4e8 + 704 / 2e8)  # attention in the 16-bit activations
 
 
+def test_int4_weights_by_hand(tiny, toy_hw):
+    """The same decode with int4 weights: 4 bits a weight plus a 2-byte scale and a 2-byte zero per group of
+    32 (0.625 bytes a weight); embeddings, lm_head and norms, the KV cache and the products in the 16-bit
+    activations (weight-only: the profile has no int4 rate), unless a calibrated profile measured int4."""
+    hw = replace(toy_hw, peak_flops={"float32": 1e8, "bfloat16": 2e8, "int8": 4e8})
+    shape = BatchShape.from_pairs([(1, 3), (1, 6)])
+    int4 = CostModel(tiny, hw, dtype="int4", block_size=4).breakdown(shape)
+    assert int4.weight_bytes == 1184 * 0.625 + 8 * 2 + 32 * 8 * 2 + 2 * 8 * 2 == 1300
+    assert int4.kv_read_bytes == 32 * 11 and int4.kv_write_bytes == 32 * 2  # a 2-byte cache, not a 4-bit one
+    assert int4.compute_s == pytest.approx(5760 / 2e8 + 704 / 2e8)
+    calibrated = replace(hw, peak_flops={"int4": 3e8})  # a CPU profile fitted on the int4 engine
+    assert CostModel(tiny, calibrated, dtype="int4", block_size=4).breakdown(shape).compute_s == pytest.approx(
+        (5760 + 704) / 3e8)
+
+
 def test_prefill_by_hand(tiny, toy_hw):
     model = CostModel(tiny, toy_hw, block_size=4)
     cost = model.breakdown(BatchShape.prefill(8))
