@@ -300,11 +300,13 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
 
     `model`: a path, None for the default SmolLM2, or a `LoadedModel`. `quantization="int8"` (or "int4") measures
     that engine (a float32 `LoadedModel` is quantized first) and fits a profile whose rates are keyed
-    "int8" ("int4"), the dtype the simulator prices it as (1-byte weights; 0.625 bytes a weight for int4). `config` only contributes its
-    `block_size` (the grid sets the other knobs per point). `threads`: measure on that many torch threads
+    "int8" ("int4"), the dtype the simulator prices it as (1-byte weights; 0.625 bytes a weight for int4).
+    `config` only contributes its `block_size` (the grid sets the other knobs per point). `threads`: measure on that many torch threads
     (the count is restored after) and name the profile for them, so it is saved beside the default one
     (`calibrated_profile_name`); None: the threads as they are, the default name."""
     import torch
+
+    from ref_engine.model.quantization import KERNELS
 
     loaded = engine_model(model, dtype, quantization)
     numerics = quantization or dtype  # the simulator's dtype for this engine
@@ -325,6 +327,7 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
         "torch": torch.__version__, "model": loaded.model_id, "attention": "ref_engine pure-torch paged attention",
         "block_size": block_size, "date": datetime.date.today().isoformat(),
         "fitted_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "fit_form": FIT_FORM,
+        "kernel": KERNELS[quantization],
         **steadiness_fields,
     }
     profile, points = fit_profile(loaded.arch, steps, dtype=numerics, memory_bandwidth=bandwidth,
@@ -395,8 +398,9 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32", threads: int
                       quantization: str | None = None) -> HardwareProfile:
     """This machine's profile, measuring it only when no saved one can serve (a calibration takes ~2 min):
 
-    - none saved for this device, dtype and thread count, or one measured on another model or torch, or
-      fitted to another form of the cost model: calibrate;
+    - none saved for this device, dtype and thread count, or one measured on another model, torch or
+      kernel (`KERNELS`: the int8 engine changed kernels once), or fitted to another form of the cost model:
+      calibrate;
     - saved less than `REFIT_AFTER_S` ago: used as it is, steady or not. A shared machine's speed moves
       by tens of percent within minutes and back, so a refit now would be no better than one taken
       minutes ago, and a busy machine is most likely still busy (a refit would be flagged again); every
@@ -412,6 +416,8 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32", threads: int
     one thread each. `quantization`: the int8 or int4 engine's profile (see `calibrate`)."""
     import torch
 
+    from ref_engine.model.quantization import KERNELS
+
     loaded = engine_model(model, dtype, quantization)
     device_type = next(loaded.model.parameters()).device.type
     refit = {"dtype": dtype, "verbose": False, "threads": threads, "quantization": quantization}
@@ -421,7 +427,8 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32", threads: int
         profile = None
     if (profile is None or profile.provenance.get("model") != loaded.model_id
             or profile.provenance.get("torch") != torch.__version__
-            or profile.provenance.get("fit_form") != FIT_FORM):
+            or profile.provenance.get("fit_form") != FIT_FORM
+            or profile.provenance.get("kernel") != KERNELS[quantization]):
         return calibrate(loaded, **refit)
     unsteady = unsteady_fit(profile)
     age = fit_age_s(profile)

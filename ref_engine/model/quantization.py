@@ -45,6 +45,13 @@ from ref_engine.model.int4 import (
 )
 from ref_engine.model.llama import STACKED_PARAMS, LlamaForCausalLM, TransposedLinear
 
+# The kernel each numeric path runs, as a calibrated profile records it: a profile measured on another kernel
+# prices the wrong thing (the engine's int8 was W8A8 on torch's quantized ops before it became weight-only).
+KERNELS: dict[str | None, str] = {
+    None: "float matmul",
+    "int8": "int8 weight-only, aten._weight_int8pack_mm, bfloat16 activations",
+    "int4": "int4 weight-only, aten._weight_int4pack_mm_for_cpu, bfloat16 activations",
+}
 
 class Int8Linear(nn.Module):
     """`y = x @ W.T + b` with `W` ([out, in]) in int8, one scale per output channel, on torch's CPU

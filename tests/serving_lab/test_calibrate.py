@@ -215,6 +215,15 @@ def test_a_profile_for_one_thread_is_measured_on_it_and_kept_beside_the_default(
         calibration.load_or_calibrate(tiny, threads=0)
 
 
+def test_a_profile_measured_on_another_kernel_is_refit(monkeypatch, tmp_path, saved, tiny):
+    """A profile saved before the engine's numeric path changed kernels (int8 was W8A8 once) prices a kernel
+    the engine no longer runs: refit, however young and steady the profile is."""
+    _saved_as(monkeypatch, tmp_path, saved, age_s=60, kernel="int8 W8A8, torch's quantized ops")
+    log = _probe_at(monkeypatch, saved, 1.0)
+    calibration.load_or_calibrate(tiny)
+    assert log == ["recalibrated"]
+
+
 def test_the_int8_engine_gets_a_profile_of_its_own_that_prices_int8(monkeypatch, tmp_path, saved, tiny):
     """`quantization="int8"` measures the int8 engine (the float32 model quantized) and saves its profile
     beside the float32 one, with rates keyed "int8", so the simulator prices 1-byte weights with them."""
