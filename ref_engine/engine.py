@@ -44,6 +44,7 @@ lessons/05-speculative-decoding.md (propose and verify); lessons/03-chunked-pref
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -147,7 +148,7 @@ class LLMEngine:
         self.cache_namespace = cache_namespace(loaded, self.dtype, self.kv_cache_dtype)
         self.scheduler = make_scheduler(self.config, self.num_kv_blocks, cache_namespace=self.cache_namespace,
                                         explain_misses=True)
-        self.runner = ModelRunner(
+        self.runner: ModelRunner | None = ModelRunner(
             loaded.model, self.arch, num_kv_blocks=self.num_kv_blocks,
             num_swap_blocks=self.scheduler.num_swap_blocks,
             block_size=self.config.block_size, dtype=self.kv_cache_dtype, device=self.device,
@@ -189,6 +190,7 @@ class LLMEngine:
 
     def _make_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                       arrival_time: float | None = None) -> tuple[Request, str | None]:
+        self._check_open()
         parsed = self._parse_prompt(prompt)
         request = Request(
             request_id=request_id, prompt_token_ids=parsed.token_ids, max_tokens=params.max_tokens,
@@ -206,6 +208,7 @@ class LLMEngine:
 
     def add_workload_request(self, request: Request) -> None:
         """Queue a core `Request` built by `Workload.make_requests`: greedy, exactly `max_tokens` tokens."""
+        self._check_open()
         request.sampling_params = SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True)
         self._enqueue(request, None)
 
@@ -240,6 +243,10 @@ class LLMEngine:
         self._add_state(request, text)
         return request
 
+    def _check_open(self) -> None:
+        if self.runner is None:
+            raise RuntimeError("this engine was shut down (shutdown()); build a new one")
+
     def _enqueue(self, request: Request, text: str | None) -> None:
         self.scheduler.add_request(request)
         self._add_state(request, text)
@@ -270,6 +277,17 @@ class LLMEngine:
             raise ValueError(f"tenant must be a non-empty string of valid Unicode text, got {tenant!r}")
         self.scheduler.reset_prefix_cache(tenant)
         return True
+
+    def shutdown(self) -> None:
+        """Abort what is unfinished, free the KV pools and drop the model, so that the next engine in this
+        process sizes its pool from the memory this one held: on CUDA torch's caching allocator would keep
+        it reserved, and `empty_cache` gives it back. Idempotent; the engine takes no requests afterwards."""
+        for request_id in list(self._states):
+            self.abort_request(request_id)
+        self.runner = self.proposer = None
+        gc.collect()  # the model's modules may sit in reference cycles
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     # ---- the loop ----
 
@@ -418,7 +436,7 @@ class LLMEngine:
         per_block = self.arch.kv_bytes_per_block(config.block_size, self.kv_cache_dtype.itemsize)
         free = device_memory = None
         if self.device.type == "cuda":
-            free, device_memory = torch.cuda.mem_get_info(self.device)
+            free, device_memory = cuda_memory_info(self.device)
         blocks = num_kv_blocks(
             config, per_block, device_memory=device_memory, weight_bytes=parameter_bytes(model),
             activation_bytes=self.arch.peak_activation_bytes(config.max_num_batched_tokens, config.max_num_seqs,
@@ -583,13 +601,22 @@ def cache_namespace(loaded: LoadedModel, dtype: torch.dtype, kv_cache_dtype: tor
             f"|tokenizer={loaded.tokenizer.fingerprint}")
 
 
+def cuda_memory_info(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of a CUDA device for this process's next KV pool. Free counts what torch's caching
+    allocator holds but no tensor uses (reserved - allocated): `mem_get_info` sees it as taken, yet this
+    process can have it, e.g. the pool of an engine dropped without `shutdown`."""
+    free, total = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), total
+
+
 def parameter_bytes(model: torch.nn.Module) -> int:
     """Bytes the model's weights take on its device, as loaded (a tied embedding counts once)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 class LLM:
-    """Offline batch generation: `LLM(**knobs).generate(prompts, SamplingParams(...))`."""
+    """Offline batch generation: `LLM(**knobs).generate(prompts, SamplingParams(...))`. Close it with
+    `shutdown()` or use it as a context manager (`with LLM(...) as llm:`) before building the next one."""
 
     def __init__(self, model: str | Path | LoadedModel | None = None, *, dtype: str | torch.dtype = "float32",
                  device: str | torch.device | None = None, **knobs: Any) -> None:
@@ -599,6 +626,16 @@ class LLM:
 
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
+
+    def shutdown(self) -> None:
+        """Free the engine's KV pools and model (`LLMEngine.shutdown`)."""
+        self.llm_engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
 
     def generate(self, prompts: PromptType | list[PromptType],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,

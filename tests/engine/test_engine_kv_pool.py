@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from core.kv_sizing import CPU_KV_CACHE_MEMORY
-from ref_engine.engine import LLMEngine, parameter_bytes
+from ref_engine.engine import LLM, LLMEngine, parameter_bytes
 from sim.hardware import HardwareProfile
 from sim.simulator import num_kv_blocks_for
 
@@ -50,3 +50,29 @@ def test_a_pool_bigger_than_the_free_device_memory_is_refused(engine, monkeypatc
     monkeypatch.setattr(engine, "device", torch.device("cuda"))
     with pytest.raises(ValueError, match="lower gpu_memory_utilization"):
         engine._num_kv_blocks(engine.runner.model)
+
+
+def test_memory_the_caching_allocator_holds_unused_counts_as_free(engine, monkeypatch):
+    """A dropped engine's pool stays reserved by torch's allocator: mem_get_info calls it taken, the next
+    pool may have it (reserved - allocated)."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**6, 2 * 10**9))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 15 * 10**8)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10**8)
+    monkeypatch.setattr(engine, "device", torch.device("cuda"))
+    monkeypatch.setattr(engine, "config", engine.config.replace(gpu_memory_utilization=0.5))
+    assert engine._num_kv_blocks(engine.runner.model) > 0
+
+
+def test_shutdown_frees_the_pool_and_a_closed_engine_takes_no_requests(make_tiny_hf_model, monkeypatch):
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    with LLM(make_tiny_hf_model("llama", name="kv-shutdown"), device="cpu", num_kv_blocks=16) as llm:
+        engine = llm.llm_engine
+        assert llm.generate("hi", use_tqdm=False)[0].finished
+    assert engine.runner is None and engine.proposer is None
+    assert not emptied  # only a CUDA engine gives cached memory back
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate("hi", use_tqdm=False)
+    engine.device = torch.device("cuda")
+    llm.shutdown()  # idempotent
+    assert emptied
