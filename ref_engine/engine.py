@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -58,7 +59,7 @@ from tqdm import tqdm
 from core.config import EngineConfig
 from core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
 from core.kv_cache_manager import PrefixCacheExplanation
-from core.kv_sizing import num_kv_blocks
+from core.kv_sizing import num_kv_blocks, with_swap_pool
 from core.math_utils import cdiv
 from core.metrics import StepRecord
 from core.request import Request, RequestStatus, is_utf8_text
@@ -145,6 +146,7 @@ class LLMEngine:
         self.dtype = next(loaded.model.parameters()).dtype
         self.kv_cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, self.dtype)
         self.num_kv_blocks = self._num_kv_blocks(loaded.model)
+        self.config = with_swap_pool(self.config, self._kv_bytes_per_block(), host_memory=host_memory_bytes())
         self.cache_namespace = cache_namespace(loaded, self.dtype, self.kv_cache_dtype)
         self.scheduler = make_scheduler(self.config, self.num_kv_blocks, cache_namespace=self.cache_namespace,
                                         explain_misses=True)
@@ -429,11 +431,14 @@ class LLMEngine:
 
     # ---- helpers ----
 
+    def _kv_bytes_per_block(self) -> int:
+        return self.arch.kv_bytes_per_block(self.config.block_size, self.kv_cache_dtype.itemsize)
+
     def _num_kv_blocks(self, model: torch.nn.Module) -> int:
         """The KV pool by the core's rule (`kv_sizing.num_kv_blocks`), from what torch measures here: on a
         GPU its memory and the loaded weights; a CPU has no device memory to profile."""
         config = self.config
-        per_block = self.arch.kv_bytes_per_block(config.block_size, self.kv_cache_dtype.itemsize)
+        per_block = self._kv_bytes_per_block()
         free = device_memory = None
         if self.device.type == "cuda":
             free, device_memory = cuda_memory_info(self.device)
@@ -607,6 +612,11 @@ def cuda_memory_info(device: torch.device) -> tuple[int, int]:
     process can have it, e.g. the pool of an engine dropped without `shutdown`."""
     free, total = torch.cuda.mem_get_info(device)
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), total
+
+
+def host_memory_bytes() -> int:
+    """This host's physical memory, which the swap pool (`swap_space`) is checked against."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:

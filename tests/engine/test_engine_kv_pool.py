@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from core.config import EngineConfig
 from core.kv_sizing import CPU_KV_CACHE_MEMORY
 from ref_engine.engine import LLM, LLMEngine, parameter_bytes
 from sim.hardware import HardwareProfile
-from sim.simulator import num_kv_blocks_for
+from sim.simulator import Simulator, num_kv_blocks_for
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +77,11 @@ def test_shutdown_frees_the_pool_and_a_closed_engine_takes_no_requests(make_tiny
     engine.device = torch.device("cuda")
     llm.shutdown()  # idempotent
     assert emptied
+
+
+def test_engine_and_simulator_size_the_same_swap_pool(make_tiny_hf_model):
+    config = dict(num_kv_blocks=16, preemption_mode="swap", swap_space=0.01)
+    engine = LLMEngine(make_tiny_hf_model("llama", name="kv-swap"), dtype="float32", device="cpu", **config)
+    simulated = Simulator(engine.arch, "local-cpu", EngineConfig(**config), dtype="float32")
+    assert engine.scheduler.num_swap_blocks == simulated.config.num_swap_blocks == 0.01 * 2**30 // per_block(engine)
+    assert len(engine.runner.host_kv_caches[0][0]) == engine.scheduler.num_swap_blocks
