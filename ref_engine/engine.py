@@ -70,7 +70,7 @@ from ref_engine.kv_transfer.config import KVTransferConfig
 from ref_engine.kv_transfer.connector import KVTransferParams, make_kv_connector
 from ref_engine.model.loader import LoadedModel, load_model
 from ref_engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from ref_engine.runner import ModelRunner
+from ref_engine.runner import ModelRunner, synchronize
 from ref_engine.sampler import Sampler, SamplingMetadata, make_generator
 from ref_engine.sampling_params import RequestOutputKind, SamplingParams
 from ref_engine.spec_decode import Draft, RejectionSampler, make_proposer
@@ -310,6 +310,7 @@ class LLMEngine:
             self._save_kv(output)
         sampled, errors = (self._sample(output, model_output.request_ids, model_output.logits)
                            if model_output.request_ids else ({}, {}))
+        synchronize(self.device)  # the step's time is read next: it must include the device's work
         end = self.now()
         failed = [self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED, end)
                   for request_id in errors]
