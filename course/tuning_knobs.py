@@ -64,6 +64,12 @@ def slo_picks(result: SweepResult, slos: Sequence[SLO]) -> list[dict[str, Any]]:
     return picks
 
 
+def int8_runs_on(device_type: str, quantized_engine: str) -> bool:
+    """Whether lesson 7 measures int8 W8A8 weights: only on a CPU whose torch has the x86 quantized kernels
+    (`torch.backends.quantized.engine`); they refuse CUDA, where the comparison is float32 vs bfloat16."""
+    return device_type == "cpu" and quantized_engine == "x86"
+
+
 def numerics(reference: Any, prompts: list[str], max_tokens: int, workload: Workload, config: EngineConfig,
              path: str | None = None) -> list[dict[str, Any]]:
     """float32 (`reference`, loaded from `path`; None: the default model), bfloat16 and (where torch has its
@@ -75,8 +81,9 @@ def numerics(reference: Any, prompts: list[str], max_tokens: int, workload: Work
     from ref_engine.model.loader import load_model, quantized
     from serving_lab.eval_set import compare_quality
 
-    variants = {"float32": reference, "bfloat16": load_model(path, dtype="bfloat16")}
-    if torch.backends.quantized.engine == "x86":
+    device = next(reference.model.parameters()).device
+    variants = {"float32": reference, "bfloat16": load_model(path, dtype="bfloat16", device=device)}
+    if int8_runs_on(device.type, torch.backends.quantized.engine):
         variants["int8 W8A8"] = quantized(reference, "int8")
     rows = []
     for (name, loaded), quality in zip(variants.items(), [None, *compare_quality(

@@ -38,3 +38,10 @@ def test_the_tuning_manifest_uses_plain_vllm_knobs():
     config = tuning.tuning_manifest("llama-3.1-8b").engine_config()
     assert config.prefill_budget_tokens is None and config.scheduling_policy == "fcfs"
     assert tuning.tuning_manifest().engine.model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_numerics_picks_int8_only_on_a_cpu_with_x86_kernels():
+    """int8 W8A8 runs on torch's x86 quantized kernels, which refuse CUDA whatever the host's engine."""
+    assert tuning.int8_runs_on("cpu", "x86")
+    assert not tuning.int8_runs_on("cuda", "x86")
+    assert not tuning.int8_runs_on("cpu", "qnnpack")
