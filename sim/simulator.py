@@ -16,6 +16,8 @@ keyword. Defaults
   profile; else the profile's memory x `config.gpu_memory_utilization` - weights - activations, per device
   (weights over tensor_parallel_size x pipeline_parallel_size devices; KV blocks in `kv_cache_dtype`,
   default the weights' dtype, e.g. "fp8" KV under bf16 weights);
+- swap pool (`preemption_mode="swap"`): `swap_space` GiB in blocks of one device, or `num_swap_blocks`, as the
+  engine settles it (`kv_sizing.with_swap_pool`; a profile knows no host memory, so nothing is checked);
 - parallelism: `tensor_parallel_size` (sim/cost_model.py) and `pipeline_parallel_size` (sim/pipeline.py)
   combine: tp x pp devices per replica; 1 x 1 is the single-device model itself;
 - front end: `frontend_latency_s` (default 0) is the per-request time a server spends before the engine
