@@ -218,9 +218,6 @@ class LlamaForCausalLM(nn.Module):
         # Like vLLM's ParallelLMHead, the LM head is an embedding-shaped [vocab, hidden] matrix; tied
         # checkpoints simply reuse the input embedding.
         self.lm_head = self.model.embed_tokens if arch.tie_word_embeddings else _empty_embedding(arch, dtype, device)
-        # A quantized model's LM head product (ref_engine/model/quantization.py); None: from `lm_head`'s weight.
-        # The embedding lookup keeps the float table either way: it reads only the step's T rows.
-        self.quantized_lm_head: nn.Module | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 attn_metadata: AttentionMetadata, num_layers: int | None = None) -> torch.Tensor:
@@ -234,8 +231,6 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits `[R, vocab]` for the rows the sampler needs (usually each request's last)."""
-        if self.quantized_lm_head is not None:
-            return self.quantized_lm_head(hidden)
         return F.linear(hidden, self.lm_head.weight).float()
 
     # ---- weights ----

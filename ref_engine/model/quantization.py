@@ -112,10 +112,7 @@ def quantize_model(model: LlamaForCausalLM, quantization: str, group_size: int =
 
     "int8": `Int8Linear`. "int4": `Int4Linear` with groups of `group_size`
     inputs, each shard from `int4_weights` (Hugging Face name -> a checkpoint's own 4-bit codes, a GGUF's
-    Q4_1) where given, else quantized from its float weight. Under both, the LM head's product is an
-    `Int8Linear` too (the embedding table stays float32 for lookups): at one decode row SmolLM2's float32 LM
-    head (49,152 x 576, 113 MB) is more than all its int4 projections (66 MB) together, so it would otherwise
-    be the largest thing a step streams."""
+    Q4_1) where given, else quantized from its float weight. The embedding and the LM head stay float32."""
     int4_weights = int4_weights or {}
     for name, child in list(model.named_modules()):
         if not isinstance(child, TransposedLinear):
@@ -129,7 +126,6 @@ def quantize_model(model: LlamaForCausalLM, quantization: str, group_size: int =
                                      for i, shard in enumerate(shards)])
             replacement = Int4Linear(weight, child.bias)
         setattr(model.get_submodule(parent), attr, replacement)
-    model.quantized_lm_head = Int8Linear(model.lm_head.weight, None)
 
 
 def _int4_shard(linear: TransposedLinear, shard: int, name: str, group_size: int,

@@ -4,8 +4,7 @@ what int8 and int4 share.
 - one layer: `Int8Linear` reproduces the float product within the quantization error the test derives;
 - batched equals solo for both quantized paths: a row's (a request's) numbers never depend on its batch;
 - bad values name the knob and its choices;
-- a quantized copy equals a quantized load and leaves the float model alone;
-- both compute their logits through an 8-bit LM head, within the one-layer bound.
+- a quantized copy equals a quantized load and leaves the float model alone.
 The batched regimes and the quality bounds of every fast path are in tests/engine/test_fast_paths.py.
 """
 
@@ -103,17 +102,3 @@ def test_an_engine_refuses_a_model_loaded_with_another_quantization(make_tiny_hf
     loaded = load_model(make_tiny_hf_model("llama", name="int8-llama"))
     with pytest.raises(ValueError, match="loaded with quantization=None"):
         LLM(loaded, quantization="int8")
-
-
-@pytest.mark.parametrize("quantization", QUANTIZED_PATHS)
-def test_a_quantized_model_computes_its_logits_through_an_8_bit_lm_head(make_tiny_hf_model, quantization):
-    """Under int8 and int4 the LM head's product is an `Int8Linear` of the float head (the bound is the one
-    derived above for one layer), and the embedding lookup keeps the float table."""
-    folder = make_tiny_hf_model("llama", name="lm-head-llama")
-    float32, loaded = load_model(folder), load_model(folder, quantization=quantization)
-    assert isinstance(loaded.model.quantized_lm_head, Int8Linear) and float32.model.quantized_lm_head is None
-    assert torch.equal(loaded.model.model.embed_tokens.weight, float32.model.model.embed_tokens.weight)
-    hidden = torch.randn(4, float32.arch.hidden_size, generator=torch.Generator().manual_seed(0))
-    expected = float32.model.compute_logits(hidden)
-    error = (loaded.model.compute_logits(hidden) - expected).norm() / expected.norm()
-    assert error < 0.03, f"relative error {error:.4f}"
