@@ -4,6 +4,8 @@ set, side by side in one run.
 
     python benchmarks/engine_speed.py [--eval-prompts 50] [--eval-tokens 64]
     python benchmarks/engine_speed.py --kernels     # only the projection kernels, ~1 min
+    python benchmarks/engine_speed.py --paths int8,int4 --no-transformers   # some paths (float32 is always
+                                                                              # measured: the reference)
 
 (Not with OMP_WAIT_POLICY=PASSIVE, unlike the other benchmarks: a decode step runs hundreds of small
 operators, and threads that sleep between them cost single-stream decode up to 2x on the course machine.)
@@ -39,10 +41,11 @@ from ref_engine.model.store import default_model_path
 from serving_lab.eval_set import compare_quality, eval_prompts
 
 PROMPT_LEN, OUTPUT_LEN = 128, 128
-# name -> (load_model's numerics, the engine's kv_cache_dtype)
-PATHS = {"float32": ({}, "auto"), "float32, bfloat16 KV cache": ({}, "bfloat16"),
-         "bfloat16": ({"dtype": "bfloat16"}, "auto"), "int8 (weight-only)": ({"quantization": "int8"}, "auto"),
-         "int4 (weight-only, Q4_1 blocks)": ({"quantization": "int4"}, "auto")}
+# --paths id -> (the table's name, load_model's numerics, the engine's kv_cache_dtype)
+PATHS = {"float32": ("float32", {}, "auto"), "bf16-kv": ("float32, bfloat16 KV cache", {}, "bfloat16"),
+         "bfloat16": ("bfloat16", {"dtype": "bfloat16"}, "auto"),
+         "int8": ("int8 (weight-only)", {"quantization": "int8"}, "auto"),
+         "int4": ("int4 (weight-only, Q4_1 blocks)", {"quantization": "int4"}, "auto")}
 BATCHES = (1, 8, 32)
 
 
@@ -116,7 +119,13 @@ def main() -> None:
     parser.add_argument("--eval-tokens", type=int, default=64)
     parser.add_argument("--kernels", action="store_true",
                         help="only the projection kernels: ms per pass through every layer, per kernel")
+    parser.add_argument("--paths", default=",".join(PATHS),
+                        help=f"the numeric paths to measure, of {', '.join(PATHS)} (float32 always: the reference)")
+    parser.add_argument("--no-transformers", action="store_true", help="leave out transformers' generate()")
     args = parser.parse_args()
+    chosen = ["float32", *(p for p in args.paths.split(",") if p != "float32")]
+    if unknown := [p for p in chosen if p not in PATHS]:
+        parser.error(f"--paths: unknown {', '.join(unknown)}; choices: {', '.join(PATHS)}")
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
           f"torch {torch.__version__}")
     reference = load_model(None)
@@ -131,19 +140,24 @@ def main() -> None:
     print("\n| system | single stream (tok/s) | batch 8 (tok/s) | batch 32 (tok/s) | greedy agreement "
           "| mean KL (nats/token) |")
     print("| --- | --- | --- | --- | --- | --- |")
-    models = {name: load_model(None, **kwargs) if kwargs else reference for name, (kwargs, _) in PATHS.items()}
+    models = {path: load_model(None, **PATHS[path][1]) if PATHS[path][1] else reference for path in chosen}
     prompts = eval_prompts(args.eval_prompts)
     qualities = {}
-    for kv_cache_dtype in {kv for _, kv in PATHS.values()}:
-        names = [name for name, (_, kv) in PATHS.items() if kv == kv_cache_dtype and name != "float32"]
-        judged = compare_quality(reference, [models[n] for n in names], prompts, args.eval_tokens, kv_cache_dtype)
-        qualities |= dict(zip(names, judged))
-    for name, loaded in models.items():
-        kv_cache_dtype = PATHS[name][1]
+    for kv_cache_dtype in {PATHS[path][2] for path in chosen}:
+        judged_paths = [p for p in chosen if PATHS[p][2] == kv_cache_dtype and p != "float32"]
+        if not judged_paths:
+            continue
+        judged = compare_quality(reference, [models[p] for p in judged_paths], prompts, args.eval_tokens,
+                                 kv_cache_dtype)
+        qualities |= dict(zip(judged_paths, judged))
+    for path, loaded in models.items():
+        name, _, kv_cache_dtype = PATHS[path]
         speeds = " | ".join(f"{engine_tok_s(loaded, batch, kv_cache_dtype):.1f}" for batch in BATCHES)
-        quality = (f"{qualities[name].agreement:.3f} | {qualities[name].mean_kl:.5f}" if name in qualities
+        quality = (f"{qualities[path].agreement:.3f} | {qualities[path].mean_kl:.5f}" if path in qualities
                    else "reference | reference")
         print(f"| engine, {name} | {speeds} | {quality} |", flush=True)
+    if args.no_transformers:
+        return
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         speeds = " | ".join(f"{transformers_tok_s(dtype, batch):.1f}" for batch in BATCHES)
         print(f"| transformers generate, {name} | {speeds} |  |  |", flush=True)

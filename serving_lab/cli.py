@@ -253,7 +253,6 @@ def _simulate(args: argparse.Namespace) -> None:
 
     manifest = load_manifest(args.config, _overrides(args))
     workload = parse_workload(args.workload)
-    hardware = resolve_hardware(args.hardware)
     speculating = manifest.optional.speculative_decoding is not None
     if args.acceptance_rate is not None and not speculating:
         raise ValueError(f"--acceptance-rate {args.acceptance_rate}: prices optional.speculative_decoding, which "
@@ -263,7 +262,9 @@ def _simulate(args: argparse.Namespace) -> None:
     priced = args.acceptance_rate is not None
     acceptance = AcceptanceRate((args.acceptance_rate,)) if priced else None
     with naming_keys():
-        simulator = Simulator(hardware=hardware, acceptance=acceptance, **manifest.simulator_kwargs(priced))
+        deployment = manifest.simulator_kwargs(priced)  # an unknown model is named before any word on calibration
+        hardware = resolve_hardware(args.hardware)
+        simulator = Simulator(hardware=hardware, acceptance=acceptance, **deployment)
         check_prompt_lengths(workload, simulator.config.max_model_len)
         run = simulator.run(workload)
     print(f"{manifest.service}: {simulator.arch.name} on {hardware.name} "

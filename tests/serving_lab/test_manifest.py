@@ -425,6 +425,16 @@ def test_simulate_names_an_unknown_model_and_offers_a_known_one_or_a_config_json
     assert "--model NAME" in err and "llama-3.1-70b" in err and "config.json" in err
 
 
+def test_simulate_names_an_unknown_model_before_any_word_on_calibration(monkeypatch, tmp_path, recwarn, capsys):
+    """Without --hardware and with no calibrated profile saved, the unknown model is the one thing said."""
+    monkeypatch.setenv("SERVING_LAB_CACHE", str(tmp_path))
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["simulate", "--config", str(CLIENT), "--workload", "synthetic:4:64:8"])
+    assert exit_.value.code == 2
+    assert [str(w.message) for w in recwarn] == []
+    assert "engine.model: the simulator does not know" in capsys.readouterr().err
+
+
 def test_simulate_runs_the_client_manifest_at_tp4_as_written(capsys):
     argv = ["simulate", "--config", str(CLIENT), "--workload", "synthetic:8:256:16", "--model", "llama-3.1-70b",
             "--hardware", "h100-sxm"]
