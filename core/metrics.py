@@ -260,19 +260,24 @@ class RunMetrics:
         """The scalar fields (the step log, request rows and per-tenant table left out), for tables and JSON."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_SCALAR}
 
-    def jain_fairness(self, weights: Mapping[str, float] | Iterable[tuple[str, float]] | None = None) -> float:
-        """Jain's index over the tenants' weighted service (module docstring); `weights` as
-        `EngineConfig.tenant_weights` (missing tenants weigh 1); nan with no completed request."""
-        weights = dict(weights or ())
-        if not self.per_tenant:
-            return math.nan
+    def tenant_service(self) -> dict[str, int]:
+        """Tokens served to each tenant while every tenant still had work (until the first one's last
+        request finished): the window `jain_fairness` judges."""
         until = min(stats.last_finish_time for stats in self.per_tenant.values())
         service = dict.fromkeys(self.per_tenant, 0)
         for row in self.requests:
             tenant = DEFAULT_TENANT if row.tenant is None else row.tenant
             if tenant in service:
                 service[tenant] += row.tokens_served_by(until)
-        x = [s / weights.get(tenant, 1.0) for tenant, s in service.items()]
+        return service
+
+    def jain_fairness(self, weights: Mapping[str, float] | Iterable[tuple[str, float]] | None = None) -> float:
+        """Jain's index over the tenants' weighted service (module docstring); `weights` as
+        `EngineConfig.tenant_weights` (missing tenants weigh 1); nan with no completed request."""
+        weights = dict(weights or ())
+        if not self.per_tenant:
+            return math.nan
+        x = [s / weights.get(tenant, 1.0) for tenant, s in self.tenant_service().items()]
         return sum(x) ** 2 / (len(x) * sum(v * v for v in x))
 
     def slo_attainment(self, ttft_slo_ms: float | None = None, tpot_slo_ms: float | None = None) -> float:

@@ -287,16 +287,9 @@ def _simulate(args: argparse.Namespace) -> None:
 def _tenant_lines(run: RunMetrics, config: EngineConfig, fairness: str) -> list[str]:
     """Per tenant: its requests, its share of the service while every tenant still had work (the window
     `RunMetrics.jain_fairness` judges), its weight's share under fair scheduling, and its TTFT."""
-    from core.request import DEFAULT_TENANT
-
     fair = config.scheduling_policy == "fair"
     weights = dict(config.tenant_weights or ()) if fair else {}
-    until = min(stats.last_finish_time for stats in run.per_tenant.values())
-    service = dict.fromkeys(run.per_tenant, 0)
-    for row in run.requests:
-        tenant = DEFAULT_TENANT if row.tenant is None else row.tenant
-        if tenant in service:
-            service[tenant] += row.tokens_served_by(until)
+    service = run.tenant_service()
     total_service = sum(service.values()) or 1
     total_weight = sum(weights.get(tenant, 1.0) for tenant in service)
     lines = [f"  per tenant (api.admission.fairness: {fairness}; Jain's index {run.jain_fairness(weights):.3f}):",
