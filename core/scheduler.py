@@ -113,10 +113,8 @@ class Scheduler:
         self.prefill_budget_tokens = config.prefill_budget_tokens or budget
         self.decode_batch_max_tokens = config.decode_batch_max_tokens or budget
         self.max_num_partial_prefills = config.max_num_partial_prefills or config.max_num_seqs
-        if config.preemption_mode == "swap":
-            num_swap = num_kv_blocks if config.num_swap_blocks is None else config.num_swap_blocks
-        else:
-            num_swap = 0
+        # the host pool: settled from swap_space by kv_sizing.with_swap_pool (unset: none, recompute instead)
+        num_swap = (config.num_swap_blocks or 0) if config.preemption_mode == "swap" else 0
         self.num_swap_blocks = num_swap  # the host pool's size, for the executor's swap space
         self.kv_cache_manager = KVCacheManager(
             config.block_size, num_kv_blocks, num_swap_blocks=num_swap,

@@ -44,7 +44,9 @@ lessons/05-speculative-decoding.md (propose and verify); lessons/03-chunked-pref
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -57,7 +59,7 @@ from tqdm import tqdm
 from core.config import EngineConfig
 from core.interfaces import ScheduledRequest, SchedulerInterface, SchedulerOutput, SchedulerStats, StepResult
 from core.kv_cache_manager import PrefixCacheExplanation
-from core.kv_sizing import num_kv_blocks
+from core.kv_sizing import num_kv_blocks, with_swap_pool
 from core.math_utils import cdiv
 from core.metrics import StepRecord
 from core.request import Request, RequestStatus, is_utf8_text
@@ -68,7 +70,7 @@ from ref_engine.kv_transfer.config import KVTransferConfig
 from ref_engine.kv_transfer.connector import KVTransferParams, make_kv_connector
 from ref_engine.model.loader import LoadedModel, load_model
 from ref_engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from ref_engine.runner import ModelRunner
+from ref_engine.runner import ModelRunner, synchronize
 from ref_engine.sampler import Sampler, SamplingMetadata, make_generator
 from ref_engine.sampling_params import RequestOutputKind, SamplingParams
 from ref_engine.spec_decode import Draft, RejectionSampler, make_proposer
@@ -147,10 +149,11 @@ class LLMEngine:
         self.dtype = next(loaded.model.parameters()).dtype
         self.kv_cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, self.dtype)
         self.num_kv_blocks = self._num_kv_blocks(loaded.model)
+        self.config = with_swap_pool(self.config, self._kv_bytes_per_block(), host_memory=host_memory_bytes())
         self.cache_namespace = cache_namespace(loaded, self.dtype, self.kv_cache_dtype)
         self.scheduler = make_scheduler(self.config, self.num_kv_blocks, cache_namespace=self.cache_namespace,
                                         explain_misses=True)
-        self.runner = ModelRunner(
+        self.runner: ModelRunner | None = ModelRunner(
             loaded.model, self.arch, num_kv_blocks=self.num_kv_blocks,
             num_swap_blocks=self.scheduler.num_swap_blocks,
             block_size=self.config.block_size, dtype=self.kv_cache_dtype, device=self.device,
@@ -192,6 +195,7 @@ class LLMEngine:
 
     def _make_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                       arrival_time: float | None = None) -> tuple[Request, str | None]:
+        self._check_open()
         parsed = self._parse_prompt(prompt)
         request = Request(
             request_id=request_id, prompt_token_ids=parsed.token_ids, max_tokens=params.max_tokens,
@@ -209,6 +213,7 @@ class LLMEngine:
 
     def add_workload_request(self, request: Request) -> None:
         """Queue a core `Request` built by `Workload.make_requests`: greedy, exactly `max_tokens` tokens."""
+        self._check_open()
         request.sampling_params = SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True)
         self._enqueue(request, None)
 
@@ -244,6 +249,10 @@ class LLMEngine:
         self._add_state(request, text)
         self._states[request_id].kv_load_s = time.perf_counter() - load_start
         return request
+
+    def _check_open(self) -> None:
+        if self.runner is None:
+            raise RuntimeError("this engine was shut down (shutdown()); build a new one")
 
     def _enqueue(self, request: Request, text: str | None) -> None:
         self.scheduler.add_request(request)
@@ -291,6 +300,17 @@ class LLMEngine:
         self.scheduler.reset_prefix_cache(tenant)
         return True
 
+    def shutdown(self) -> None:
+        """Abort what is unfinished, free the KV pools and drop the model, so that the next engine in this
+        process sizes its pool from the memory this one held: on CUDA torch's caching allocator would keep
+        it reserved, and `empty_cache` gives it back. Idempotent; the engine takes no requests afterwards."""
+        for request_id in list(self._states):
+            self.abort_request(request_id)
+        self.runner = self.proposer = None
+        gc.collect()  # the model's modules may sit in reference cycles
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     # ---- the loop ----
 
     def step(self, now: float | None = None) -> list[RequestOutput]:
@@ -310,6 +330,7 @@ class LLMEngine:
             self._save_kv(output)
         sampled, errors = (self._sample(output, model_output.request_ids, model_output.logits)
                            if model_output.request_ids else ({}, {}))
+        synchronize(self.device)  # the step's time is read next: it must include the device's work
         end = self.now()
         failed = [self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED, end)
                   for request_id in errors]
@@ -431,14 +452,17 @@ class LLMEngine:
 
     # ---- helpers ----
 
+    def _kv_bytes_per_block(self) -> int:
+        return self.arch.kv_bytes_per_block(self.config.block_size, self.kv_cache_dtype.itemsize)
+
     def _num_kv_blocks(self, model: torch.nn.Module) -> int:
         """The KV pool by the core's rule (`kv_sizing.num_kv_blocks`), from what torch measures here: on a
         GPU its memory and the loaded weights; a CPU has no device memory to profile."""
         config = self.config
-        per_block = self.arch.kv_bytes_per_block(config.block_size, self.kv_cache_dtype.itemsize)
+        per_block = self._kv_bytes_per_block()
         free = device_memory = None
         if self.device.type == "cuda":
-            free, device_memory = torch.cuda.mem_get_info(self.device)
+            free, device_memory = cuda_memory_info(self.device)
         blocks = num_kv_blocks(
             config, per_block, device_memory=device_memory, weight_bytes=parameter_bytes(model),
             activation_bytes=self.arch.peak_activation_bytes(config.max_num_batched_tokens, config.max_num_seqs,
@@ -603,13 +627,27 @@ def cache_namespace(loaded: LoadedModel, dtype: torch.dtype, kv_cache_dtype: tor
             f"|tokenizer={loaded.tokenizer.fingerprint}")
 
 
+def cuda_memory_info(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of a CUDA device for this process's next KV pool. Free counts what torch's caching
+    allocator holds but no tensor uses (reserved - allocated): `mem_get_info` sees it as taken, yet this
+    process can have it, e.g. the pool of an engine dropped without `shutdown`."""
+    free, total = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), total
+
+
+def host_memory_bytes() -> int:
+    """This host's physical memory, which the swap pool (`swap_space`) is checked against."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def parameter_bytes(model: torch.nn.Module) -> int:
     """Bytes the model's weights take on its device, as loaded (a tied embedding counts once)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 class LLM:
-    """Offline batch generation: `LLM(**knobs).generate(prompts, SamplingParams(...))`."""
+    """Offline batch generation: `LLM(**knobs).generate(prompts, SamplingParams(...))`. Close it with
+    `shutdown()` or use it as a context manager (`with LLM(...) as llm:`) before building the next one."""
 
     def __init__(self, model: str | Path | LoadedModel | None = None, *, dtype: str | torch.dtype = "float32",
                  device: str | torch.device | None = None, **knobs: Any) -> None:
@@ -619,6 +657,16 @@ class LLM:
 
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
+
+    def shutdown(self) -> None:
+        """Free the engine's KV pools and model (`LLMEngine.shutdown`)."""
+        self.llm_engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
 
     def generate(self, prompts: PromptType | list[PromptType],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
