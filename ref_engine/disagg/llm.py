@@ -118,7 +118,7 @@ class DisaggregatedLLM:
 
         def engine(role: str, config: EngineConfig, kv_role: str) -> SyncMPClient:
             # one torch thread each: the two engines share the machine's cores
-            return SyncMPClient(EngineCoreArgs(model, dtype, device, num_threads=1, config=config,
+            return SyncMPClient(EngineCoreArgs(model, dtype, device, num_threads=1, engine_kwargs={"config": config},
                                                kv_transfer_config=KVTransferConfig(kv_role=kv_role, **connector)),
                                 role)
 

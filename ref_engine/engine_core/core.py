@@ -47,7 +47,6 @@ from typing import Any
 import torch
 import zmq
 
-from core.config import EngineConfig
 from core.metrics import StepRecord
 from ref_engine.engine import LLMEngine
 from ref_engine.engine_core.messages import (
@@ -85,8 +84,7 @@ class EngineCoreArgs:
     kv_cache_dtype: str = "auto"  # what the KV cache stores K/V in (ref_engine/attention.py)
     enforce_eager: bool = True  # False: the model's forward through torch.compile (ref_engine/model/compile.py)
     num_threads: int | None = None  # torch threads in the core; None leaves torch's default
-    config: EngineConfig | None = None  # None: EngineConfig()
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # EngineConfig knobs, over `config`
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # an EngineConfig as "config", and/or its knobs
     kv_transfer_config: KVTransferConfig | None = None  # one half of a disaggregated pair (lesson 3)
     trace_requests: bool = False  # ship per-request trace events with the outputs (tracing.py)
 
@@ -97,7 +95,7 @@ class EngineCoreArgs:
     def create_engine(self) -> LLMEngine:
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
-        return LLMEngine(self.model, dtype=self.dtype, device=self.device, config=self.config,
+        return LLMEngine(self.model, dtype=self.dtype, device=self.device,
                          kv_transfer_config=self.kv_transfer_config, quantization=self.quantization,
                          kv_cache_dtype=self.kv_cache_dtype, enforce_eager=self.enforce_eager, **self.engine_kwargs)
 
