@@ -90,7 +90,8 @@ def require_browser() -> str:
 
 
 def _short(url: str) -> str:
-    return url if len(url) <= SRC_CHARS else url[: SRC_CHARS - 3] + "..."
+    """`url` cut to SRC_CHARS, keeping its end: the file name says which request failed, the folder does not."""
+    return url if len(url) <= SRC_CHARS else "..." + url[3 - SRC_CHARS:]
 
 
 def open_pages(paths: Iterable[Path], executable: str | None = None) -> dict[Path, PageCheck]:
