@@ -1,9 +1,10 @@
-"""Reference solutions of lesson 6's exercises (E06.1, E06.2). Try them yourself first.
+"""Reference solutions of lesson 6's exercises (E06.1 to E06.3). Try them yourself first.
 
 E06.1 groups the rows of the lesson's own breakdown (`ttft_breakdown`). E06.2: under FCFS with room for
 `max_num_seqs` requests, a burst of equal requests runs in waves; a wave holds its slots for `output_len`
 steps (one prefill step, which samples the first token, then output_len - 1 decode steps), so request k
-starts with wave k // max_num_seqs.
+starts with wave k // max_num_seqs. E06.3 reads a trace the way the lesson's symptom table does: a step
+longer than the SLO first (lesson 3's stall, fixed by chunked prefill), then seats (`max_num_seqs`).
 
 Lesson: lessons/06-architecture-map.md#exercises
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 from course.architecture_map import TracedRequest, ttft_breakdown
 
-__all__ = ["first_step", "queue_time", "ttft_parts"]
+__all__ = ["diagnose", "first_step", "queue_time", "ttft_parts"]
 
 # the parts of `ttft_breakdown`'s ten rows, in path order
 PARTS = ("front_end",) * 4 + ("queueing", "prefill") + ("return",) * 4
@@ -39,3 +40,21 @@ def first_step(k: int, max_num_seqs: int, output_len: int) -> int:
 def queue_time(k: int, max_num_seqs: int, output_len: int, prefill_s: float, decode_s: float) -> float:
     """E06.2b: each earlier wave took one prefill step and output_len - 1 decode steps."""
     return (k // max_num_seqs) * (prefill_s + (output_len - 1) * decode_s)
+
+
+def diagnose(trace: dict[str, Any]) -> dict[str, Any]:
+    """E06.3: the slow requests, then the first cause whose evidence holds for them."""
+    slo, steps = trace["ttft_slo_s"], trace["steps"]
+    slow = [r for r in trace["requests"] if r["first_token"] - r["queued"] > slo]
+    ids = [r["request_id"] for r in slow]
+    if not slow:
+        return {"cause": None, "requests": [], "steps": []}
+    blocking = [s["step"] for s in steps
+                if s["end"] - s["start"] > slo and any(n > 1 for n in s["tokens"].values())
+                and any(s["start"] < r["first_token"] and s["end"] > r["queued"] for r in slow)]
+    if blocking:
+        return {"cause": "long_prefill", "requests": ids, "steps": blocking}
+    waited = [s for s in steps if any(r["queued"] <= s["start"] < r["scheduled"] for r in slow)]
+    if waited and all(len(s["tokens"]) == trace["config"]["max_num_seqs"] for s in waited):
+        return {"cause": "max_num_seqs", "requests": ids, "steps": [s["step"] for s in waited]}
+    return {"cause": None, "requests": ids, "steps": []}
