@@ -41,6 +41,7 @@ import zmq
 
 from core.metrics import StepRecord
 from core.request import RequestStatus
+from core.step_summary import StepSummarizer
 from ref_engine.async_engine.messages import (
     UTILITY_METHODS,
     AbortRequests,
@@ -75,6 +76,7 @@ class EngineArgs:
     num_threads: int | None = None  # torch threads in the core; None leaves torch's default
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # EngineConfig knobs
     trace_requests: bool = False  # ship per-request trace events with the outputs (tracing.py)
+    dashboard: bool = False  # ship a StepSummary per step with the outputs (core/step_summary.py)
 
     def create_engine(self) -> LLMEngine:
         if self.num_threads:
@@ -102,7 +104,8 @@ def run_engine_core(engine_args: EngineArgs, input_address: str, output_address:
             model_id=engine.model_id, max_model_len=engine.config.max_model_len,
             vocab_size=engine.arch.vocab_size, num_kv_blocks=engine.num_kv_blocks,
             scheduling_policy=engine.config.scheduling_policy))
-        EngineCore(engine, input_socket, output_socket, trace=engine_args.trace_requests).run()
+        EngineCore(engine, input_socket, output_socket, trace=engine_args.trace_requests,
+                   dashboard=engine_args.dashboard).run()
     finally:
         context.destroy(linger=1000)
 
@@ -111,12 +114,13 @@ class EngineCore:
     """The loop around one `LLMEngine`, between the two sockets."""
 
     def __init__(self, engine: LLMEngine, input_socket: zmq.Socket, output_socket: zmq.Socket,
-                 trace: bool = False) -> None:
+                 trace: bool = False, dashboard: bool = False) -> None:
         self.engine = engine
         self.input_socket = input_socket
         self.output_socket = output_socket
         self.parent_pid = os.getppid()
         self.trace_events: list[TraceEvent] | None = [] if trace else None  # sent with the next outputs
+        self.summarizer = StepSummarizer(engine.scheduler) if dashboard else None
         self._added_since_step: list[str] = []  # the suspects when a step fails
         self._preempted: set[str] = set()  # unfinished requests preempted at least once (counted once)
 
@@ -200,8 +204,9 @@ class EngineCore:
         self._added_since_step = []
         outputs_time = time.perf_counter()
         records, engine.step_records = engine.step_records, []  # a server runs for days: keep no log
+        summaries = [self.summarizer.summarize(r, outputs_time) for r in records] if self.summarizer else []
         self._send(EngineCoreOutputs(outputs, errors, self._stats(records),
-                                     self._take_trace_events(records, outputs, outputs_time)))
+                                     self._take_trace_events(records, outputs, outputs_time), summaries))
 
     def _suspects(self) -> list[str]:
         """Whom a failed step fails (see the module docstring): never nobody while any request is unfinished."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.step_summary import StepSummary
 from ref_engine.async_engine.tracing import TraceEvent
 from ref_engine.outputs import RequestOutput
 from ref_engine.sampling_params import SamplingParams
@@ -100,6 +101,7 @@ class EngineCoreOutputs:
     errors: dict[str, RequestError] = field(default_factory=dict)
     scheduler_stats: SchedulerStats | None = None
     trace_events: list[TraceEvent] = field(default_factory=list)  # only with tracing on (tracing.py)
+    step_summaries: list[StepSummary] = field(default_factory=list)  # only with the dashboard on
 
 
 @dataclass(frozen=True)
