@@ -38,10 +38,10 @@ import torch
 from core.kv_pool_snapshot import KVPoolSnapshot
 from core.step_summary import StepSummarizer, StepSummary
 from ref_engine import SamplingParams
-from ref_engine.async_engine.core import EngineCore
 from ref_engine.async_engine.prometheus import PrometheusStatLogger
 from ref_engine.async_engine.step_feed import StepFeed
 from ref_engine.engine import LLMEngine
+from ref_engine.engine_core.core import EngineCore
 from ref_engine.entrypoints.dashboard.live import live_frames
 from ref_engine.model.loader import load_model
 from ref_engine.model.store import default_model_path
@@ -58,7 +58,7 @@ class PicklingSocket:
         self.summary_seconds = 0.0
         self.summaries: list[StepSummary] = []  # every summary sent, for the API server's side
 
-    def send_pyobj(self, message: Any) -> None:
+    def send_pyobj(self, message: Any, flags: int = 0) -> None:
         self.bytes += len(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
         if getattr(message, "step_summaries", None):
             start = time.perf_counter()

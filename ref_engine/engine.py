@@ -57,7 +57,7 @@ import torch
 from tqdm import tqdm
 
 from core.config import EngineConfig
-from core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
+from core.interfaces import ScheduledRequest, SchedulerInterface, SchedulerOutput, SchedulerStats, StepResult
 from core.kv_cache_manager import PrefixCacheExplanation
 from core.kv_sizing import num_kv_blocks, with_swap_pool
 from core.math_utils import cdiv
@@ -108,10 +108,13 @@ class _RequestState:
     stop_text_end: int | None = None  # where a stop string cut the text
     draft_probs: torch.Tensor | None = None  # q of the draft tokens the request carries (None: point masses)
     kv_transfer_params: KVTransferParams | None = None  # a producer's saved KV of the prompt
+    kv_load_s: float = 0.0  # a consumer's seconds loading the K/V a producer saved
     detokenizer: IncrementalDetokenizer | None = None  # a streamed (DELTA) request's text sent so far
 
 
 class LLMEngine:
+    scheduler: SchedulerInterface  # the core's scheduler, reached through its declared methods only
+
     def __init__(self, model: str | Path | LoadedModel | None = None, *, dtype: str | torch.dtype = "float32",
                  device: str | torch.device | None = None, config: EngineConfig | None = None,
                  kv_transfer_config: KVTransferConfig | None = None, quantization: str | None = None,
@@ -206,7 +209,7 @@ class LLMEngine:
         """How many of this prompt's tokens the prefix cache would serve right now, and why the next block
         would miss (different tokens, another tenant or salt, evicted, ...). Changes nothing."""
         request, _ = self._make_request("explain", prompt, SamplingParams())
-        return self.scheduler.kv_cache_manager.explain_prefix(request)
+        return self.scheduler.explain_prefix(request)
 
     def add_workload_request(self, request: Request) -> None:
         """Queue a core `Request` built by `Workload.make_requests`: greedy, exactly `max_tokens` tokens."""
@@ -237,12 +240,14 @@ class LLMEngine:
         block_ids = self.scheduler.add_remote_prefilled_request(request, kv_transfer_params.num_tokens, self.now())
         if block_ids is None:
             return None
+        load_start = time.perf_counter()
         try:
             self.kv_connector.load(kv_transfer_params, self.runner.kv_caches, block_ids)
         except BaseException:
             self.scheduler.abort_request(request_id, self.now())
             raise
         self._add_state(request, text)
+        self._states[request_id].kv_load_s = time.perf_counter() - load_start
         return request
 
     def _check_open(self) -> None:
@@ -270,6 +275,21 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+    def get_request(self, request_id: str) -> Request | None:
+        """The unfinished request with this id, or None."""
+        return self.scheduler.get_request(request_id)
+
+    def unfinished_request_ids(self) -> list[str]:
+        return self.scheduler.unfinished_request_ids()
+
+    def running_request_ids(self) -> list[str]:
+        """The running batch's request ids, in admission order."""
+        return self.scheduler.running_request_ids()
+
+    def make_stats(self) -> SchedulerStats:
+        """The scheduler's queues, pool and preemption totals now (a server's gauges)."""
+        return self.scheduler.make_stats()
 
     def reset_prefix_cache(self, tenant: str | None = None) -> bool:
         """Forget the prefix cache (vLLM's name), or only the blocks `tenant`'s requests cached; never
@@ -586,7 +606,7 @@ class LLMEngine:
             metrics = RequestMetrics(arrival_time=request.arrival_time,
                                      first_scheduled_time=request.first_scheduled_time,
                                      first_token_time=request.first_token_time, finished_time=request.finish_time,
-                                     token_times=list(request.token_times))
+                                     token_times=list(request.token_times), kv_load_s=state.kv_load_s)
         return RequestOutput(request_id=request.request_id, prompt=state.prompt,
                              prompt_token_ids=request.prompt_token_ids, outputs=[completion], finished=finished,
                              num_preemptions=request.num_preemptions,

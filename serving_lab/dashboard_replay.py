@@ -48,7 +48,6 @@ class _Recorder:
 
     pool_interval: float
     summaries: list[StepSummary] = field(default_factory=list)
-    preempted: set[str] = field(default_factory=set)
     first_preempted: list[float] = field(default_factory=list)  # the time each request was first preempted
     summarizer: StepSummarizer | None = None
 
@@ -57,11 +56,9 @@ class _Recorder:
             self.summarizer = StepSummarizer(scheduler, self.pool_interval)
         end = record.start + record.duration
         self.summaries.append(self.summarizer.summarize(record, end))
-        if record.num_preempted:  # a preempted request is still unfinished: it is among the scheduler's
-            for request_id, request in scheduler.requests.items():
-                if request.num_preemptions and request_id not in self.preempted:
-                    self.preempted.add(request_id)
-                    self.first_preempted.append(end)
+        if record.num_preempted:  # the scheduler's running total of requests preempted at least once
+            newly = scheduler.make_stats().num_preempted_reqs - len(self.first_preempted)
+            self.first_preempted += [end] * newly
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
 """`AsyncLLM`: the engine as the API server sees it, one async stream of `RequestOutput` per request.
 
-`generate(prompt, params, request_id)` sends the request to the engine-core process and yields its
+`generate(prompt, params, request_id)` sends the request to the engine-core process (through
+`AsyncMPClient`, ref_engine/engine_core/client.py) and yields its
 deltas as steps produce them, the last with `finished=True`. One task (`_output_handler`) reads the
 core's outputs and puts each into its request's queue, so a slow client only fills its own queue. When the
 consumer stops early (the HTTP client disconnected: the server closes or cancels the iterator), the
 request is aborted in the core, which frees its KV blocks. A request the core failed raises
 `EngineGenerateError` in its own stream only, and so does an output this process fails to handle.
-With the dashboard on (`EngineArgs.dashboard`), the core's step summaries and each tenant's service go
+With the dashboard on (`EngineCoreArgs.dashboard`), the core's step summaries and each tenant's service go
 into `step_feed` (step_feed.py), which `serve --dashboard`'s page reads.
 
 Lesson: lessons/06-architecture-map.md (the engine core and the API server).
@@ -23,17 +24,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.request import DEFAULT_TENANT
-from ref_engine.async_engine.core import EngineArgs
-from ref_engine.async_engine.core_client import EngineCoreClient, EngineDeadError
-from ref_engine.async_engine.messages import (
+from ref_engine.async_engine.prometheus import PrometheusStatLogger
+from ref_engine.async_engine.step_feed import StepFeed
+from ref_engine.engine_core.client import AsyncMPClient, EngineDeadError
+from ref_engine.engine_core.core import EngineCoreArgs
+from ref_engine.engine_core.messages import (
     EngineCoreOutputs,
     EngineCoreReady,
     EngineCoreRequest,
     RequestError,
 )
-from ref_engine.async_engine.prometheus import PrometheusStatLogger
-from ref_engine.async_engine.step_feed import StepFeed
-from ref_engine.async_engine.tracing import RequestTracer
+from ref_engine.engine_core.tracing import RequestTracer
 from ref_engine.model.loader import load_tokenizer
 from ref_engine.model.tokenizer import Tokenizer
 from ref_engine.outputs import RequestOutput
@@ -61,10 +62,10 @@ class _Stream:
 
 
 class AsyncLLM:
-    def __init__(self, engine_args: EngineArgs, model_name: str | None = None) -> None:
+    def __init__(self, engine_args: EngineCoreArgs, model_name: str | None = None) -> None:
         """`model_name`: the name clients use (the model's id if None)."""
         self.engine_args = engine_args
-        self.client = EngineCoreClient(engine_args)
+        self.client = AsyncMPClient(engine_args)
         self.model_name = model_name
         self.model_config: EngineCoreReady | None = None
         self.tokenizer: Tokenizer | None = None

@@ -21,7 +21,7 @@ from live_server import free_port, wait_healthy
 from prometheus_client.parser import text_string_to_metric_families
 
 from ref_engine.async_engine.async_llm import AsyncLLM
-from ref_engine.async_engine.core import EngineArgs
+from ref_engine.engine_core.core import EngineCoreArgs
 from ref_engine.entrypoints.dashboard.frames import METRIC_SERIES
 from ref_engine.entrypoints.openai.api_server import build_app
 from ref_engine.entrypoints.openai.tenants import ApiKey
@@ -35,7 +35,7 @@ GRAFANA = Path(__file__).resolve().parents[2] / "serving_lab" / "grafana" / "ser
 def url(make_tiny_hf_model):
     tiny = make_tiny_hf_model("llama", name="dashboard-llama")
     port = free_port()
-    engine = AsyncLLM(EngineArgs(str(tiny), num_threads=1, engine_kwargs={"num_kv_blocks": 64}, dashboard=True),
+    engine = AsyncLLM(EngineCoreArgs(str(tiny), num_threads=1, engine_kwargs={"num_kv_blocks": 64}, dashboard=True),
                       "tiny")
     uv = uvicorn.Server(uvicorn.Config(build_app(engine, api_keys=KEYS), host="127.0.0.1", port=port,
                                        log_level="warning"))
