@@ -177,7 +177,7 @@ class MultiprocExecutor(Executor):
         self._dead = f"the executor is dead: {reason}"
         for process in self.processes:
             if process.is_alive():
-                process.terminate()  # a rank may wait in a collective for the dead one
+                process.kill()  # a rank may wait in a collective for the dead one, or be hung itself
         self.shutdown()
         raise error if error is not None else ExecutorDeadError(self._dead)
 
