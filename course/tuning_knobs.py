@@ -64,22 +64,30 @@ def slo_picks(result: SweepResult, slos: Sequence[SLO]) -> list[dict[str, Any]]:
     return picks
 
 
+def quantized_paths_on(device: Any) -> list[str]:
+    """The weight-only paths lesson 7 measures on `device` (a torch.device): int8 and int4 run on torch's CPU
+    kernels, which refuse CUDA, where the comparison is float32 against bfloat16; int4 also needs a torch
+    with the int4 kernel."""
+    from ref_engine.model.int4 import has_int4_kernel
+
+    paths = ["int8"] if device.type == "cpu" else []
+    return paths + (["int4"] if has_int4_kernel(device) else [])
+
+
 def numerics(reference: Any, prompts: list[str], max_tokens: int, workload: Workload, config: EngineConfig,
              path: str | None = None) -> list[dict[str, Any]]:
-    """float32 (`reference`, loaded from `path`; None: the default model), bfloat16, int8 and (where torch has
-    its CPU int4 kernel) int4 weights on this CPU: the engine's measured output throughput on `workload`, and
+    """float32 (`reference`, loaded from `path`; None: the default model), bfloat16 on its device, and int8 and
+    int4 weights where they run (`quantized_paths_on`): the engine's measured output throughput on `workload`, and
     quality against float32 on `prompts` of the eval set (greedy agreement, KL in nats per token)."""
-    import torch
 
     from ref_engine import bench
-    from ref_engine.model.int4 import has_int4_kernel
     from ref_engine.model.loader import load_model, quantized
     from serving_lab.eval_set import compare_quality
 
-    variants = {"float32": reference, "bfloat16": load_model(path, dtype="bfloat16"),
-                "int8 weight-only": quantized(reference, "int8")}
-    if has_int4_kernel(torch.device("cpu")):
-        variants["int4 weight-only"] = quantized(reference, "int4")
+    device = next(reference.model.parameters()).device
+    variants = {"float32": reference, "bfloat16": load_model(path, dtype="bfloat16", device=device)}
+    for quantization in quantized_paths_on(device):
+        variants[f"{quantization} weight-only"] = quantized(reference, quantization)
     rows = []
     for (name, loaded), quality in zip(variants.items(), [None, *compare_quality(
             reference, list(variants.values())[1:], prompts, max_tokens)]):

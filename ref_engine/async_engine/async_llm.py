@@ -1,6 +1,7 @@
 """`AsyncLLM`: the engine as the API server sees it, one async stream of `RequestOutput` per request.
 
-`generate(prompt, params, request_id)` sends the request to the engine-core process and yields its
+`generate(prompt, params, request_id)` sends the request to the engine-core process (through
+`AsyncMPClient`, ref_engine/engine_core/client.py) and yields its
 deltas as steps produce them, the last with `finished=True`. One task (`_output_handler`) reads the
 core's outputs and puts each into its request's queue, so a slow client only fills its own queue. When the
 consumer stops early (the HTTP client disconnected: the server closes or cancels the iterator), the
@@ -20,16 +21,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ref_engine.async_engine.core import EngineArgs
-from ref_engine.async_engine.core_client import EngineCoreClient, EngineDeadError
-from ref_engine.async_engine.messages import (
+from ref_engine.async_engine.prometheus import PrometheusStatLogger
+from ref_engine.engine_core.client import AsyncMPClient, EngineDeadError
+from ref_engine.engine_core.core import EngineCoreArgs
+from ref_engine.engine_core.messages import (
     EngineCoreOutputs,
     EngineCoreReady,
     EngineCoreRequest,
     RequestError,
 )
-from ref_engine.async_engine.prometheus import PrometheusStatLogger
-from ref_engine.async_engine.tracing import RequestTracer
+from ref_engine.engine_core.tracing import RequestTracer
 from ref_engine.model.loader import load_tokenizer
 from ref_engine.model.tokenizer import Tokenizer
 from ref_engine.outputs import RequestOutput
@@ -55,10 +56,10 @@ class _Stream:
 
 
 class AsyncLLM:
-    def __init__(self, engine_args: EngineArgs, model_name: str | None = None) -> None:
+    def __init__(self, engine_args: EngineCoreArgs, model_name: str | None = None) -> None:
         """`model_name`: the name clients use (the model's id if None)."""
         self.engine_args = engine_args
-        self.client = EngineCoreClient(engine_args)
+        self.client = AsyncMPClient(engine_args)
         self.model_name = model_name
         self.model_config: EngineCoreReady | None = None
         self.tokenizer: Tokenizer | None = None

@@ -20,7 +20,8 @@ import torch
 from core import EngineConfig
 from core.math_utils import cdiv
 from ref_engine import LLM, SamplingParams
-from ref_engine.disagg import DisaggregatedGenerateError, DisaggregatedLLM, EngineProcessError
+from ref_engine.disagg import DisaggregatedGenerateError, DisaggregatedLLM
+from ref_engine.engine_core.client import EngineDeadError
 from ref_engine.kv_transfer.shared_memory_connector import SEGMENT_PREFIX
 
 NEW_TOKENS = 8
@@ -111,7 +112,7 @@ def test_a_killed_decode_engine_fails_its_requests_and_nothing_hangs(tiny, coloc
         stats = llm.prefill.stats(timeout_s=30)  # answered after the discards sent before it
         assert stats.num_free_blocks == stats.num_kv_blocks and stats.num_unfinished_requests == 0
         assert kv_segments() == []
-        with pytest.raises(EngineProcessError, match="decode engine process died"):
+        with pytest.raises(EngineDeadError, match="decode engine process died"):
             llm.generate(prompts[0], GREEDY)
     finally:
         llm.close()

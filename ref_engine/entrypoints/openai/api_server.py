@@ -42,7 +42,7 @@ from fastapi import FastAPI
 
 from core.config import EngineConfig
 from ref_engine.async_engine.async_llm import AsyncLLM
-from ref_engine.async_engine.core import EngineArgs
+from ref_engine.engine_core.core import EngineCoreArgs
 from ref_engine.entrypoints.openai import openai_routes, ops_routes
 from ref_engine.entrypoints.openai.admission import Admission
 from ref_engine.entrypoints.openai.errors import EXCEPTION_HANDLERS
@@ -181,11 +181,11 @@ def build_server(args: argparse.Namespace, config: EngineConfig | None = None) -
               "it; `user` only groups requests for the fair policy)", flush=True)
     chat_template = Path(args.chat_template).read_text(encoding="utf-8") if args.chat_template else None
     served_model_name = getattr(args, "served_model_name", None)
-    engine = AsyncLLM(EngineArgs(getattr(args, "model", None), dtype=getattr(args, "dtype", "float32"),
-                                 quantization=getattr(args, "quantization", None),
-                                 kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
-                                 enforce_eager=getattr(args, "enforce_eager", True), engine_kwargs=knobs,
-                                 trace_requests=args.trace_requests), served_model_name)
+    engine = AsyncLLM(EngineCoreArgs(getattr(args, "model", None), dtype=getattr(args, "dtype", "float32"),
+                                     quantization=getattr(args, "quantization", None),
+                                     kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
+                                     enforce_eager=getattr(args, "enforce_eager", True), engine_kwargs=knobs,
+                                     trace_requests=args.trace_requests), served_model_name)
     app = build_app(engine, served_model_name=served_model_name, api_keys=key_file.keys if key_file else None,
                     tenants=policies if key_file else None, max_pending_requests=args.max_pending_requests,
                     max_request_bytes=args.max_request_bytes, chat_template=chat_template,

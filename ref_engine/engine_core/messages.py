@@ -1,7 +1,15 @@
-"""What the API server's process and the engine-core process say to each other over ZeroMQ.
+"""What an engine core and its client say to each other over ZeroMQ: one vocabulary for both clients.
+
+Client -> core: `EngineCoreRequest` (one request; with `kv_transfer_params` a request another engine
+prefilled, for a consumer core), `AbortRequests`, `UtilityCall` (one of `UTILITY_METHODS` of `EngineCore`),
+`Shutdown`. Core -> client: `EngineCoreReady` or `EngineCoreStartFailed` once, then `EngineCoreOutputs`
+(each step's outputs, the requests it failed, the scheduler's stats, trace events) and `UtilityOutput`.
 
 Plain dataclasses, pickled (`send_pyobj`): both ends are this package on one machine, started by the same
 user, so pickle is safe here and needs no schema (vLLM uses msgpack to go faster and across languages).
+Every time that crosses is a `time.perf_counter()` reading, one clock for every process on the machine,
+except a `RequestMetrics`' times, which are on the engine's clock: `EngineCoreOutputs.clock_origin` turns
+them into perf_counter time.
 
 Lesson: lessons/06-architecture-map.md (the engine core and the API server).
 """
@@ -11,7 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ref_engine.async_engine.tracing import TraceEvent
+from core.interfaces import SchedulerStats
+from ref_engine.engine import PromptType
+from ref_engine.engine_core.tracing import TraceEvent
+from ref_engine.kv_transfer.connector import KVTransferParams
 from ref_engine.outputs import RequestOutput
 from ref_engine.sampling_params import SamplingParams
 
@@ -20,13 +31,15 @@ from ref_engine.sampling_params import SamplingParams
 
 @dataclass(frozen=True)
 class EngineCoreRequest:
-    """One request, tokenized by the API server: `prompt` is `LLMEngine.add_request`'s dict form
-    (prompt_token_ids, tenant, user, cache_salt, priority)."""
+    """One request. The API server sends `LLMEngine.add_request`'s dict form, tokenized (prompt_token_ids,
+    tenant, user, cache_salt, priority); the router may send any prompt `LLMEngine` takes. With
+    `kv_transfer_params` (the prefill engine's output's), a consumer core loads that K/V and decodes."""
 
     request_id: str
-    prompt: dict[str, Any]
+    prompt: PromptType
     params: SamplingParams
-    arrival_time: float | None = None  # time.perf_counter() when the API server got it (None: when the core does)
+    arrival_time: float | None = None  # time.perf_counter() when the client got it (None: when the core does)
+    kv_transfer_params: KVTransferParams | None = None
 
 
 @dataclass(frozen=True)
@@ -36,14 +49,14 @@ class AbortRequests:
 
 @dataclass(frozen=True)
 class UtilityCall:
-    """Call one of `UTILITY_METHODS` on the engine; the answer comes back as `UtilityOutput`."""
+    """Call one of `UTILITY_METHODS` on the `EngineCore`; the answer comes back as `UtilityOutput`."""
 
     call_id: int
     method: str
     args: tuple[Any, ...] = ()
 
 
-UTILITY_METHODS = frozenset({"reset_prefix_cache"})
+UTILITY_METHODS = frozenset({"reset_prefix_cache", "discard_kv", "get_stats"})
 
 
 @dataclass(frozen=True)
@@ -80,16 +93,10 @@ class RequestError:
 
 
 @dataclass(frozen=True)
-class SchedulerStats:
-    """The scheduler after a step: the gauges of /metrics, and the step's preemptions."""
+class EngineCoreStats(SchedulerStats):
+    """The `get_stats` utility's answer: the scheduler's stats, and the requests the core holds outside it."""
 
-    num_running_reqs: int
-    num_waiting_reqs: int
-    kv_cache_usage: float  # fraction of KV blocks in use
-    num_used_blocks: int
-    num_preempted: int  # preemptions in this step (events)
-    num_preempted_reqs: int = 0  # requests preempted for the first time in this step
-    num_waiting_preempted_reqs: int = 0  # requests waiting (or swapped out) after a preemption, now
+    num_staged_requests: int = 0  # consumer: K/V arrived, waiting for room in the batch
 
 
 @dataclass
@@ -100,6 +107,7 @@ class EngineCoreOutputs:
     errors: dict[str, RequestError] = field(default_factory=dict)
     scheduler_stats: SchedulerStats | None = None
     trace_events: list[TraceEvent] = field(default_factory=list)  # only with tracing on (tracing.py)
+    clock_origin: float = 0.0  # time.perf_counter() at the engine clock's zero (for `RequestMetrics`)
 
 
 @dataclass(frozen=True)
