@@ -129,8 +129,8 @@ class LLMEngine:
         `enforce_eager`: True (the default: on the course CPU compiling did not pay, benchmarks/RESULTS.md)
         runs the model eagerly; False compiles its forward at start (ref_engine/model/compile.py).
         `knobs`: `EngineConfig`'s and `ParallelConfig`'s (`tensor_parallel_size=2` runs the model on two worker
-        processes, ref_engine/executor/; the workers stop with `model_executor.shutdown()`, or when the engine
-        is collected or its process exits)."""
+        processes, ref_engine/executor/; the workers stop with `shutdown()`, or when the engine is collected or
+        its process exits)."""
         parallel_config = ParallelConfig(**{f.name: knobs.pop(f.name) for f in fields(ParallelConfig)
                                             if f.name in knobs})
         if kv_transfer_config is not None and parallel_config.distributed_executor_backend != "uni":

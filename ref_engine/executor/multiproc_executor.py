@@ -25,7 +25,7 @@ asks each worker to leave, then terminates and kills what is left, and reaps the
 its parent and exits when the engine's process is gone, however it ended (even SIGKILL).
 
 A daemonic process may not start processes (multiprocessing's rule), so an engine on this executor must run
-in a process that is not daemonic (vLLM's engine-core process is not).
+in a process that is not daemonic; the engine-core process clears its flag for this (engine_core/core.py).
 
 Lesson: lessons/06-architecture-map.md#the-boxes
 """
