@@ -159,10 +159,9 @@ class LLMEngine:
         self.config = self.config.for_model(self.arch.max_position_embeddings)
         self.dtype = next(loaded.model.parameters()).dtype
         self.kv_cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, self.dtype)
-        # the host pool for swapping, in GiB over all ranks (`swap_space`), settled before the workers see the config
-        self.config = with_swap_pool(self.config, self.arch.kv_bytes_per_block(self.config.block_size,
-                                                                               self.kv_cache_dtype.itemsize),
-                                     host_memory=host_memory_bytes())
+        # the host pool for swapping (`swap_space`: GiB over all ranks), settled before the workers see the config
+        block_bytes = self.arch.kv_bytes_per_block(self.config.block_size, self.kv_cache_dtype.itemsize)
+        self.config = with_swap_pool(self.config, block_bytes, host_memory=host_memory_bytes())
         self.parallel_config = parallel_config
         self.model_executor = make_executor(WorkerConfig(
             loaded.path, self.dtype, loaded.quantization, self.kv_cache_dtype, self.config, parallel_config,
