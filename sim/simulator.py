@@ -59,7 +59,7 @@ from core.metrics import RunMetrics
 from core.scheduler import make_scheduler
 from core.workload import Workload
 from sim.cost_model import CostModel, activation_dtype, default_kv_cache_dtype, model_weight_bytes
-from sim.executor import CostModelTimer, SimulatedExecutor, StepTimer, feed_arrivals
+from sim.executor import CostModelTimer, SimulatedExecutor, StepObserver, StepTimer, feed_arrivals
 from sim.hardware import DEFAULT_CPU_PROFILE, HardwareProfile, dtype_bytes, load_calibrated_profile
 from sim.pipeline import PipelineCostModel
 from sim.spec_decode import AcceptanceModel, DraftCostTimer, SimulatedProposer
@@ -194,17 +194,20 @@ class Simulator:
         proposer = SimulatedProposer(self.acceptance) if self.acceptance is not None else None
         return SimulatedExecutor(env, scheduler, self.step_timer, name, proposer)
 
-    def run(self, workload: Workload, max_concurrency: int | None = None) -> RunMetrics:
+    def run(self, workload: Workload, max_concurrency: int | None = None, *,
+            on_step: StepObserver | None = None) -> RunMetrics:
         """Serve `workload` from an empty engine at time 0 until every request finished or was refused.
         `max_concurrency`: at most that many requests open at once, as a capped client sends them
-        (`feed_arrivals`)."""
-        return self.run_rounds([workload], max_concurrency)[0]
+        (`feed_arrivals`). `on_step(scheduler, record)`: called after each step (`SimulatedExecutor.on_step`)."""
+        return self.run_rounds([workload], max_concurrency, on_step=on_step)[0]
 
-    def run_rounds(self, workloads: list[Workload], max_concurrency: int | None = None) -> list[RunMetrics]:
+    def run_rounds(self, workloads: list[Workload], max_concurrency: int | None = None, *,
+                   on_step: StepObserver | None = None) -> list[RunMetrics]:
         """Serve the workloads one after another on one replica, each starting when the previous one has
         drained, so later rounds find the prefix cache the earlier ones left (as `bench.run_rounds`)."""
         env = simpy.Environment()
         executor = self.make_executor(env)
+        executor.on_step = on_step
         results = []
         with gc_paused():
             for workload in workloads:

@@ -1,14 +1,15 @@
-"""Exercises of lesson 6, "The architecture map": E06.1, E06.2 and E06.3.
+"""Exercises of lesson 6, "The architecture map": E06.1 to E06.4.
 
 Write the bodies below, then check them from the repository root:
 
-    pytest tests/exercises/test_e06_architecture_map.py --impl=learner          # all three exercises
+    pytest tests/exercises/test_e06_architecture_map.py --impl=learner          # all four exercises
     pytest tests/exercises/test_e06_architecture_map.py --impl=learner -k e06_2 # one
 
 The tests check E06.1 against the lesson's own breakdown (`ttft_breakdown` in
-course/architecture_map.py) on hand-made traces, and E06.2 against the shared scheduler run by
-the simulator with fixed step times. E06.3 is checked against the engine's own `LlamaMLP`
-(ref_engine/model/llama.py) loaded with the same weights. Reference solutions: lessons/exercises/solutions/e06_architecture_map.py.
+course/architecture_map.py) on hand-made traces, E06.2 against the shared scheduler run by
+the simulator with fixed step times, E06.3 against the engine's own `LlamaMLP` (ref_engine/model/llama.py)
+loaded with the same weights, and E06.4 on traces the simulator records with fixed step times, each slow for
+a known reason. Reference solutions: lessons/exercises/solutions/e06_architecture_map.py.
 
 Lesson: lessons/06-architecture-map.md#exercises
 """
@@ -99,3 +100,29 @@ def tensor_parallel_mlp(x: torch.Tensor, gate_proj: torch.Tensor, up_proj: torch
     stated float tolerance (the ranks add in another order than one matrix product does).
     """
     raise NotImplementedError("E06.3: the MLP split over tp_size ranks")
+
+
+def diagnose(trace: dict[str, Any]) -> dict[str, Any]:
+    """E06.4 (implement): say why time to first token is slow in a recorded trace, and show the evidence.
+
+    `trace` is one engine core's record of a run (times in seconds, on one clock):
+      "config":     {"max_num_seqs": int, "max_num_batched_tokens": int, "enable_chunked_prefill": bool};
+      "ttft_slo_s": the TTFT target;
+      "requests":   one dict per request, in arrival order: "request_id", "num_prompt_tokens", "queued" (it
+                    reached the scheduler's queue), "scheduled" (its first step started), "first_token";
+      "steps":      one dict per engine step, in order: "step" (its id), "start", "end", and "tokens", the
+                    tokens each request ran in it ({request_id: n}; 1 for a decode, more for a prompt chunk).
+    A request is slow when first_token - queued > ttft_slo_s. Return {"cause": ..., "requests": the slow
+    requests' ids in trace order, "steps": the evidence, step ids in ascending order}, the cause being
+      "long_prefill": a step that ran a prompt chunk (more than one token of a request) took longer than the
+                      SLO on its own, and slow requests waited through it: any request whose TTFT overlaps
+                      that step (it started before the request's first token and ended after it was queued)
+                      cannot make the SLO. Evidence: every such step that a slow request's TTFT overlaps;
+      "max_num_seqs": no such step, but the slow requests queued for a seat: evidence, every step that started
+                      while a slow request was queued (queued <= start < scheduled), and every one of them
+                      ran `max_num_seqs` requests, so no seat was free;
+      None:           neither explains it, or nothing is slow; then "steps" is [].
+
+    Interview questions: Q-METRIC-04 (lessons/interview-bank.md#q-metric-04).
+    """
+    raise NotImplementedError("E06.4: diagnose a slow-TTFT trace")

@@ -9,6 +9,8 @@ request is aborted in the core, which frees its KV blocks. A request the core fa
 `EngineGenerateError` in its own stream only, and so does an output this process fails to handle. A core
 that dies (its executor lost a worker, or the process itself was killed) ends every open stream with
 `EngineDeadError`, and so does every later `generate`: the server answers both with a 503.
+With the dashboard on (`EngineCoreArgs.dashboard`), the core's step summaries and each tenant's service go
+into `step_feed` (step_feed.py), which `serve --dashboard`'s page reads.
 
 Lesson: lessons/06-architecture-map.md (the engine core and the API server).
 """
@@ -23,7 +25,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.request import DEFAULT_TENANT
 from ref_engine.async_engine.prometheus import PrometheusStatLogger
+from ref_engine.async_engine.step_feed import StepFeed
 from ref_engine.engine_core.client import AsyncMPClient, EngineDeadError
 from ref_engine.engine_core.core import EngineCoreArgs
 from ref_engine.engine_core.messages import (
@@ -51,10 +55,12 @@ class EngineGenerateError(RuntimeError):
 
 @dataclass
 class _Stream:
-    """One open request: its outputs' queue, and whether its first output came (its prompt is counted then)."""
+    """One open request: its outputs' queue, whether its first output came (its prompt is counted then),
+    and whose it is."""
 
     queue: asyncio.Queue[RequestOutput | RequestError | EngineDeadError] = field(default_factory=asyncio.Queue)
     started: bool = False
+    tenant: str = DEFAULT_TENANT
 
 
 class AsyncLLM:
@@ -70,6 +76,7 @@ class AsyncLLM:
         self._output_task: asyncio.Task[None] | None = None
         self.dead_error: str | None = None  # why the engine core is gone, once it is
         self.tracer = RequestTracer() if engine_args.trace_requests else None  # --trace-requests
+        self.step_feed = StepFeed() if engine_args.dashboard else None  # --dashboard
 
     async def start(self) -> None:
         """Start the engine core and load the tokenizer here, both before serving a request."""
@@ -93,7 +100,7 @@ class AsyncLLM:
             raise EngineDeadError(self.dead_error)
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        stream = self._streams[request_id] = _Stream()
+        stream = self._streams[request_id] = _Stream(tenant=prompt.get("tenant") or DEFAULT_TENANT)
         queue = stream.queue
         arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         params = dataclasses.replace(params, output_kind=RequestOutputKind.DELTA)
@@ -144,6 +151,8 @@ class AsyncLLM:
                 if self.tracer is not None:
                     self._trace(outputs)
                 self.stat_logger.record_stats(outputs)
+                if self.step_feed is not None:
+                    self.step_feed.add(outputs.step_summaries)
                 for output in outputs.outputs:
                     self._route(output)
                 for request_id, error in outputs.errors.items():
@@ -162,7 +171,11 @@ class AsyncLLM:
         request only: a bug in one output's handling must not end every stream."""
         stream = self._streams.get(output.request_id)
         try:
-            self.stat_logger.record_output(output, first=stream is not None and not stream.started)
+            first = stream is not None and not stream.started
+            self.stat_logger.record_output(output, first=first)
+            if self.step_feed is not None and stream is not None:
+                self.step_feed.add_service(stream.tenant, len(output.outputs[0].token_ids)
+                                           + (len(output.prompt_token_ids) if first else 0))
         except Exception as error:
             logger.exception("request %s: its output could not be handled", output.request_id)
             if stream is not None:

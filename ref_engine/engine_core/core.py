@@ -52,6 +52,7 @@ import torch
 import zmq
 
 from core.metrics import StepRecord
+from core.step_summary import StepSummarizer
 from ref_engine.engine import LLMEngine
 from ref_engine.engine_core.messages import (
     UTILITY_METHODS,
@@ -93,6 +94,7 @@ class EngineCoreArgs:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # an EngineConfig as "config", and/or its knobs
     kv_transfer_config: KVTransferConfig | None = None  # one half of a disaggregated pair (lesson 3)
     trace_requests: bool = False  # ship per-request trace events with the outputs (tracing.py)
+    dashboard: bool = False  # ship a StepSummary per step with the outputs (core/step_summary.py)
 
     def __post_init__(self) -> None:
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
@@ -130,7 +132,8 @@ def run_engine_core(engine_args: EngineCoreArgs, input_address: str, output_addr
             model_id=engine.model_id, max_model_len=engine.config.max_model_len,
             vocab_size=engine.arch.vocab_size, num_kv_blocks=engine.num_kv_blocks,
             scheduling_policy=engine.config.scheduling_policy))
-        EngineCore(engine, input_socket, output_socket, trace=engine_args.trace_requests).run()
+        EngineCore(engine, input_socket, output_socket, trace=engine_args.trace_requests,
+                   dashboard=engine_args.dashboard).run()
     except ExecutorDeadError:
         sys.exit(1)  # after the finally: the last words get their linger to leave
     finally:
@@ -145,12 +148,13 @@ class EngineCore:
     """The loop around one `LLMEngine`, between the two sockets."""
 
     def __init__(self, engine: LLMEngine, input_socket: zmq.Socket, output_socket: zmq.Socket,
-                 trace: bool = False) -> None:
+                 trace: bool = False, dashboard: bool = False) -> None:
         self.engine = engine
         self.input_socket = input_socket
         self.output_socket = output_socket
         self.parent_pid = os.getppid()
         self.trace_events: list[TraceEvent] | None = [] if trace else None  # sent with the next outputs
+        self.summarizer = StepSummarizer(engine.scheduler) if dashboard else None  # None: no cost per step
         self._staged: deque[tuple[EngineCoreRequest, float]] = deque()  # consumer: (request, when it came)
         self._added_since_step: list[str] = []  # the suspects when a step fails
 
@@ -303,9 +307,10 @@ class EngineCore:
         outputs_time = time.perf_counter()
         records, engine.step_records = engine.step_records, []  # a server runs for days: keep no log
         clock_origin = self._clock_origin()
+        summaries = [self.summarizer.summarize(r, outputs_time) for r in records] if self.summarizer else []
         self._send(EngineCoreOutputs(outputs, errors, engine.make_stats(),
                                      self._take_trace_events(records, outputs, outputs_time, clock_origin),
-                                     clock_origin))
+                                     clock_origin, summaries))
 
     def _suspects(self) -> list[str]:
         """Whom a failed step fails (see the module docstring): never nobody while any request is unfinished."""

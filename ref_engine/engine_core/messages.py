@@ -3,8 +3,8 @@
 Client -> core: `EngineCoreRequest` (one request; with `kv_transfer_params` a request another engine
 prefilled, for a consumer core), `AbortRequests`, `UtilityCall` (one of `UTILITY_METHODS` of `EngineCore`),
 `Shutdown`. Core -> client: `EngineCoreReady` or `EngineCoreStartFailed` once, then `EngineCoreOutputs`
-(each step's outputs, the requests it failed, the scheduler's stats, trace events) and `UtilityOutput`,
-and `EngineCoreDead` as its last words when it can no longer run the model.
+(each step's outputs, the requests it failed, the scheduler's stats, trace events, the dashboard's step
+summaries) and `UtilityOutput`, and `EngineCoreDead` as its last words when it can no longer run the model.
 
 Plain dataclasses, pickled (`send_pyobj`): both ends are this package on one machine, started by the same
 user, so pickle is safe here and needs no schema (vLLM uses msgpack to go faster and across languages).
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.interfaces import SchedulerStats
+from core.step_summary import StepSummary
 from ref_engine.engine import PromptType
 from ref_engine.engine_core.tracing import TraceEvent
 from ref_engine.kv_transfer.connector import KVTransferParams
@@ -117,6 +118,7 @@ class EngineCoreOutputs:
     scheduler_stats: SchedulerStats | None = None
     trace_events: list[TraceEvent] = field(default_factory=list)  # only with tracing on (tracing.py)
     clock_origin: float = 0.0  # time.perf_counter() at the engine clock's zero (for `RequestMetrics`)
+    step_summaries: list[StepSummary] = field(default_factory=list)  # only with the dashboard on (core/step_summary.py)
 
 
 @dataclass(frozen=True)

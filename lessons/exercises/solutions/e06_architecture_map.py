@@ -1,4 +1,4 @@
-"""Reference solutions of lesson 6's exercises (E06.1, E06.2, E06.3). Try them yourself first.
+"""Reference solutions of lesson 6's exercises (E06.1 to E06.4). Try them yourself first.
 
 E06.1 groups the rows of the lesson's own breakdown (`ttft_breakdown`). E06.2: under FCFS with room for
 `max_num_seqs` requests, a burst of equal requests runs in waves; a wave holds its slots for `output_len`
@@ -7,7 +7,8 @@ starts with wave k // max_num_seqs. E06.3 splits the MLP as Megatron-LM does (Sh
 and up by output features, down by input features, so each rank's SwiGLU needs only its own features and the
 one sum at the end (the all-reduce) restores the unsplit output. The ranks are simulated (a loop, no processes),
 in plain torch; torch is imported inside the functions, so that the course checkers, which import this module,
-stay torch-free.
+stay torch-free. E06.4 reads a trace the way the lesson's symptom table does: a step
+longer than the SLO first (lesson 3's stall, fixed by chunked prefill), then seats (`max_num_seqs`).
 
 Lesson: lessons/06-architecture-map.md#exercises
 """
@@ -21,7 +22,8 @@ from course.architecture_map import TracedRequest, ttft_breakdown
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["first_step", "queue_time", "rank_mlp", "shard_mlp", "shard_range", "tensor_parallel_mlp", "ttft_parts"]
+__all__ = ["diagnose", "first_step", "queue_time", "rank_mlp", "shard_mlp", "shard_range", "tensor_parallel_mlp",
+           "ttft_parts"]
 
 # the parts of `ttft_breakdown`'s ten rows, in path order
 PARTS = ("front_end",) * 4 + ("queueing", "prefill") + ("return",) * 4
@@ -79,3 +81,21 @@ def tensor_parallel_mlp(x: torch.Tensor, gate_proj: torch.Tensor, up_proj: torch
     for partial in partials[1:]:
         total = total + partial
     return total
+
+
+def diagnose(trace: dict[str, Any]) -> dict[str, Any]:
+    """E06.4: the slow requests, then the first cause whose evidence holds for them."""
+    slo, steps = trace["ttft_slo_s"], trace["steps"]
+    slow = [r for r in trace["requests"] if r["first_token"] - r["queued"] > slo]
+    ids = [r["request_id"] for r in slow]
+    if not slow:
+        return {"cause": None, "requests": [], "steps": []}
+    blocking = [s["step"] for s in steps
+                if s["end"] - s["start"] > slo and any(n > 1 for n in s["tokens"].values())
+                and any(s["start"] < r["first_token"] and s["end"] > r["queued"] for r in slow)]
+    if blocking:
+        return {"cause": "long_prefill", "requests": ids, "steps": blocking}
+    waited = [s for s in steps if any(r["queued"] <= s["start"] < r["scheduled"] for r in slow)]
+    if waited and all(len(s["tokens"]) == trace["config"]["max_num_seqs"] for s in waited):
+        return {"cause": "max_num_seqs", "requests": ids, "steps": [s["step"] for s in waited]}
+    return {"cause": None, "requests": ids, "steps": []}
