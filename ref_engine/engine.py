@@ -49,23 +49,24 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from core.config import EngineConfig
+from core.config import EngineConfig, ParallelConfig
 from core.interfaces import ScheduledRequest, SchedulerInterface, SchedulerOutput, SchedulerStats, StepResult
 from core.kv_cache_manager import PrefixCacheExplanation
-from core.kv_sizing import num_kv_blocks, with_swap_pool
+from core.kv_sizing import with_swap_pool
 from core.math_utils import cdiv
 from core.metrics import StepRecord
 from core.request import Request, RequestStatus, is_utf8_text
 from core.scheduler import make_scheduler
 from ref_engine.attention import check_kv_cache_dtype, kv_cache_torch_dtype
 from ref_engine.detokenizer import IncrementalDetokenizer
+from ref_engine.executor import make_executor
 from ref_engine.kv_transfer.config import KVTransferConfig
 from ref_engine.kv_transfer.connector import KVTransferParams, make_kv_connector
 from ref_engine.model.loader import LoadedModel, load_model
@@ -74,6 +75,7 @@ from ref_engine.runner import ModelRunner, synchronize
 from ref_engine.sampler import Sampler, SamplingMetadata, make_generator
 from ref_engine.sampling_params import RequestOutputKind, SamplingParams
 from ref_engine.spec_decode import Draft, RejectionSampler, make_proposer
+from ref_engine.worker.worker import WorkerConfig
 
 PromptType = str | list[int] | dict[str, Any]
 # A prompt dict's text labels: `tenant` (as authenticated: isolates the prefix cache, counted by tenant caps
@@ -125,7 +127,16 @@ class LLMEngine:
         "int8" (W8A8) or "int4" (weight-only), ref_engine/model/quantization.py. `kv_cache_dtype`: "auto" (the model's dtype) or
         a dtype to store K/V in (ref_engine/attention.py; "bfloat16" doubles the blocks a pool holds).
         `enforce_eager`: True (the default: on the course CPU compiling did not pay, benchmarks/RESULTS.md)
-        runs the model eagerly; False compiles its forward at start (ref_engine/model/compile.py)."""
+        runs the model eagerly; False compiles its forward at start (ref_engine/model/compile.py).
+        `knobs`: `EngineConfig`'s and `ParallelConfig`'s (`tensor_parallel_size=2` runs the model on two worker
+        processes, ref_engine/executor/; the workers stop with `shutdown()`, or when the engine is collected or
+        its process exits)."""
+        parallel_config = ParallelConfig(**{f.name: knobs.pop(f.name) for f in fields(ParallelConfig)
+                                            if f.name in knobs})
+        if kv_transfer_config is not None and parallel_config.distributed_executor_backend != "uni":
+            raise ValueError(f"kv_transfer_config saves and loads K/V in the engine's own process; got "
+                             f"tensor_parallel_size={parallel_config.tensor_parallel_size}, distributed_executor_backend="
+                             f"{parallel_config.distributed_executor_backend!r} (a disaggregated engine takes 1 and 'uni')")
         config = config or EngineConfig()
         self.config = config.replace(**knobs) if knobs else config
         check_kv_cache_dtype(kv_cache_dtype)  # before the slow load
@@ -148,25 +159,39 @@ class LLMEngine:
         self.config = self.config.for_model(self.arch.max_position_embeddings)
         self.dtype = next(loaded.model.parameters()).dtype
         self.kv_cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, self.dtype)
-        self.num_kv_blocks = self._num_kv_blocks(loaded.model)
-        self.config = with_swap_pool(self.config, self._kv_bytes_per_block(), host_memory=host_memory_bytes())
-        self.cache_namespace = cache_namespace(loaded, self.dtype, self.kv_cache_dtype)
-        self.scheduler = make_scheduler(self.config, self.num_kv_blocks, cache_namespace=self.cache_namespace,
-                                        explain_misses=True)
-        self.runner: ModelRunner | None = ModelRunner(
-            loaded.model, self.arch, num_kv_blocks=self.num_kv_blocks,
-            num_swap_blocks=self.scheduler.num_swap_blocks,
-            block_size=self.config.block_size, dtype=self.kv_cache_dtype, device=self.device,
-            enforce_eager=enforce_eager)
-        self.sampler = Sampler(self.config.seed, self.device)
-        self.rejection_sampler = RejectionSampler(self.sampler)
-        self.proposer = make_proposer(self.config, loaded, self.sampler, num_kv_blocks=self.num_kv_blocks,
-                                      dtype=self.dtype, device=self.device)
+        # the host pool for swapping (`swap_space`: GiB over all ranks), settled before the workers see the config
+        block_bytes = self.arch.kv_bytes_per_block(self.config.block_size, self.kv_cache_dtype.itemsize)
+        self.config = with_swap_pool(self.config, block_bytes, host_memory=host_memory_bytes())
+        self.parallel_config = parallel_config
+        self.model_executor = make_executor(WorkerConfig(
+            loaded.path, self.dtype, loaded.quantization, self.kv_cache_dtype, self.config, parallel_config,
+            self.device, enforce_eager), loaded)
+        try:  # the workers must not outlive an engine that fails to start
+            self.num_kv_blocks = self.model_executor.determine_num_kv_blocks()
+            self.cache_namespace = cache_namespace(loaded, self.dtype, self.kv_cache_dtype)
+            self.scheduler = make_scheduler(self.config, self.num_kv_blocks, cache_namespace=self.cache_namespace,
+                                            explain_misses=True)
+            self.model_executor.initialize_cache(self.num_kv_blocks, self.scheduler.num_swap_blocks)
+            self.sampler = Sampler(self.config.seed, self.device)
+            self.rejection_sampler = RejectionSampler(self.sampler)
+            self.proposer = make_proposer(self.config, loaded, self.sampler, num_kv_blocks=self.num_kv_blocks,
+                                          dtype=self.dtype, device=self.device)
+        except BaseException:
+            self.model_executor.shutdown()
+            raise
         self.kv_connector = make_kv_connector(kv_transfer_config) if kv_transfer_config else None
         self._kv_producer = kv_transfer_config is not None and kv_transfer_config.is_kv_producer
         self._states: dict[str, _RequestState] = {}
+        self._shut_down = False
         self.step_records: list[StepRecord] = []
         self._t0 = time.perf_counter()
+
+    @property
+    def runner(self) -> ModelRunner | None:
+        """The model runner in the engine's process (distributed_executor_backend="uni"), whose KV cache a
+        KV connector saves from and loads into; with "mp" the runners live in the worker processes. None
+        once the engine is shut down."""
+        return self.model_executor.driver_worker.model_runner
 
     # ---- clock ----
 
@@ -251,7 +276,7 @@ class LLMEngine:
         return request
 
     def _check_open(self) -> None:
-        if self.runner is None:
+        if self._shut_down:
             raise RuntimeError("this engine was shut down (shutdown()); build a new one")
 
     def _enqueue(self, request: Request, text: str | None) -> None:
@@ -306,7 +331,9 @@ class LLMEngine:
         it reserved, and `empty_cache` gives it back. Idempotent; the engine takes no requests afterwards."""
         for request_id in list(self._states):
             self.abort_request(request_id)
-        self.runner = self.proposer = None
+        self.model_executor.shutdown()  # its workers drop their runners and models (processes: they exit)
+        self.proposer = None
+        self._shut_down = True
         gc.collect()  # the model's modules may sit in reference cycles
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -325,7 +352,7 @@ class LLMEngine:
         output = self.scheduler.schedule(start)
         if output.is_empty:
             return []
-        model_output = self.runner.execute_model(output)
+        model_output = self.model_executor.execute_model(output)
         if self._kv_producer:
             self._save_kv(output)
         sampled, errors = (self._sample(output, model_output.request_ids, model_output.logits)
@@ -451,28 +478,6 @@ class LLMEngine:
             self._states[request.request_id].draft_probs = draft.probs
 
     # ---- helpers ----
-
-    def _kv_bytes_per_block(self) -> int:
-        return self.arch.kv_bytes_per_block(self.config.block_size, self.kv_cache_dtype.itemsize)
-
-    def _num_kv_blocks(self, model: torch.nn.Module) -> int:
-        """The KV pool by the core's rule (`kv_sizing.num_kv_blocks`), from what torch measures here: on a
-        GPU its memory and the loaded weights; a CPU has no device memory to profile."""
-        config = self.config
-        per_block = self._kv_bytes_per_block()
-        free = device_memory = None
-        if self.device.type == "cuda":
-            free, device_memory = cuda_memory_info(self.device)
-        blocks = num_kv_blocks(
-            config, per_block, device_memory=device_memory, weight_bytes=parameter_bytes(model),
-            activation_bytes=self.arch.peak_activation_bytes(config.max_num_batched_tokens, config.max_num_seqs,
-                                                             self.dtype.itemsize),
-            model=self.model_id)
-        if free is not None and blocks * per_block > free:  # other processes hold part of the device
-            raise ValueError(f"a KV pool of {blocks} blocks needs {blocks * per_block / 2**30:.2f} GiB, but only "
-                             f"{free / 2**30:.2f} GiB of {self.device} are free; lower gpu_memory_utilization "
-                             "or set kv_cache_memory or num_kv_blocks")
-        return blocks
 
     def _parse_prompt(self, prompt: PromptType) -> ParsedPrompt:
         """A str, a list of ids or a dict in vLLM's shape, as token ids (and text) with the dict's tenant,
@@ -627,22 +632,9 @@ def cache_namespace(loaded: LoadedModel, dtype: torch.dtype, kv_cache_dtype: tor
             f"|tokenizer={loaded.tokenizer.fingerprint}")
 
 
-def cuda_memory_info(device: torch.device) -> tuple[int, int]:
-    """(free, total) bytes of a CUDA device for this process's next KV pool. Free counts what torch's caching
-    allocator holds but no tensor uses (reserved - allocated): `mem_get_info` sees it as taken, yet this
-    process can have it, e.g. the pool of an engine dropped without `shutdown`."""
-    free, total = torch.cuda.mem_get_info(device)
-    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), total
-
-
 def host_memory_bytes() -> int:
     """This host's physical memory, which the swap pool (`swap_space`) is checked against."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def parameter_bytes(model: torch.nn.Module) -> int:
-    """Bytes the model's weights take on its device, as loaded (a tied embedding counts once)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 class LLM:

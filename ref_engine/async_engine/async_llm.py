@@ -6,7 +6,9 @@ deltas as steps produce them, the last with `finished=True`. One task (`_output_
 core's outputs and puts each into its request's queue, so a slow client only fills its own queue. When the
 consumer stops early (the HTTP client disconnected: the server closes or cancels the iterator), the
 request is aborted in the core, which frees its KV blocks. A request the core failed raises
-`EngineGenerateError` in its own stream only, and so does an output this process fails to handle.
+`EngineGenerateError` in its own stream only, and so does an output this process fails to handle. A core
+that dies (its executor lost a worker, or the process itself was killed) ends every open stream with
+`EngineDeadError`, and so does every later `generate`: the server answers both with a 503.
 With the dashboard on (`EngineCoreArgs.dashboard`), the core's step summaries and each tenant's service go
 into `step_feed` (step_feed.py), which `serve --dashboard`'s page reads.
 
@@ -193,9 +195,10 @@ class AsyncLLM:
                                num_tokens=len(output.outputs[0].token_ids), finished=output.finished)
 
     def _fail_all(self, message: str) -> None:
-        """The core is gone (or going): end every open stream with `message`."""
+        """The core is gone (or going): end every open stream with `EngineDeadError(message)`, which the
+        server answers with a 503 (no request's fault: retry elsewhere), as it answers new requests now."""
         self.dead_error = message
-        self._end_streams(RequestError(message), abort_in_core=False)
+        self._end_streams(EngineDeadError(message), abort_in_core=False)
 
     def _end_streams(self, error: Exception, *, abort_in_core: bool) -> None:
         """Put `error` on every open stream; with `abort_in_core`, also abort its request in the core, which

@@ -8,7 +8,8 @@ temporary folder), wait for `EngineCoreReady`, then send requests, aborts and ut
 core's outputs, in the messages of messages.py. See core.py for why ZeroMQ.
 
 ZeroMQ does not say when the other end dies, so every wait runs in slices and looks at the process between
-them: a core that died raises `EngineDeadError`, once what it sent before dying has been read. The sync
+them: a core that died raises `EngineDeadError`, once what it sent before dying has been read (a core whose
+executor died says why, `EngineCoreDead`, and the error carries that instead of an exit code). The sync
 client bounds every wait (`timeout_s`), and `wait_for_outputs` waits on several cores at once with a
 `zmq.Poller`, as `multiprocessing.connection.wait` does on pipes. `close()` asks the core to stop, then
 terminates it, then kills it.
@@ -35,6 +36,7 @@ import zmq.asyncio
 from ref_engine.engine_core.core import EngineCoreArgs, run_engine_core
 from ref_engine.engine_core.messages import (
     AbortRequests,
+    EngineCoreDead,
     EngineCoreOutputs,
     EngineCoreReady,
     EngineCoreRequest,
@@ -142,6 +144,8 @@ class AsyncMPClient(MPClient):
                 if not self.is_alive():
                     raise EngineDeadError(f"the engine core exited (exit code {self.process.exitcode})")
             message = await self._output.recv_pyobj()
+            if isinstance(message, EngineCoreDead):
+                raise EngineDeadError(f"the engine core died: {message.error}")
             if isinstance(message, UtilityOutput):
                 future = self._pending_calls.pop(message.call_id)
                 if isinstance(message.result, BaseException):  # the call raised in the core
@@ -264,13 +268,20 @@ class SyncMPClient(MPClient):
         deadline = time.monotonic() + timeout_s
         while True:
             if self._output.poll(1000 * max(0.0, min(POLL_SLICE_S, deadline - time.monotonic()))):
-                return self._output.recv_pyobj()
+                return self._checked(self._output.recv_pyobj())
             if not self.process.is_alive():
                 if self._output.poll(1000 * LAST_WORDS_S):
-                    return self._output.recv_pyobj()
+                    return self._checked(self._output.recv_pyobj())
                 raise self._died()
             if time.monotonic() >= deadline:
                 return None
+
+    def _checked(self, message: Any) -> Any:
+        """`message`, unless it is the core's last words: then the death they tell is raised."""
+        if isinstance(message, EngineCoreDead):
+            self.death = f"the {self.name} engine core died: {message.error}"
+            raise EngineDeadError(self.death)
+        return message
 
     def _keep(self, message: Any) -> None:
         """Keep outputs for `get_output`; drop the answer of a `call_utility_nowait` (logged if it raised)."""

@@ -22,7 +22,9 @@ sampling error is pinned on its request by the engine itself (`finish_reason="er
 engine cannot pin on one request fails the likeliest culprits and the loop goes on: the requests added
 since the last good step if any (a new request that breaks scheduling), else those the step had running,
 else every unfinished one. Each failed step thus removes at least one request, so a bad request can never
-make every later step fail (and the log grow).
+make every later step fail (and the log grow). One failure is no request's: an `ExecutorDeadError` (a
+worker process died or hung, ref_engine/executor/) means no step can run again, so the core sends
+`EngineCoreDead` with the reason and exits with code 1; its executor has already ended the other workers.
 
 A request's arrival is the client's (`EngineCoreRequest.arrival_time`), so the API server's TTFT and
 end-to-end latency include HTTP parsing, tokenization and the hop here, as vLLM measures them. The process
@@ -36,8 +38,10 @@ Lesson: lessons/06-architecture-map.md (the engine core).
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import signal
+import sys
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -53,6 +57,7 @@ from ref_engine.engine import LLMEngine
 from ref_engine.engine_core.messages import (
     UTILITY_METHODS,
     AbortRequests,
+    EngineCoreDead,
     EngineCoreOutputs,
     EngineCoreReady,
     EngineCoreRequest,
@@ -64,6 +69,7 @@ from ref_engine.engine_core.messages import (
     UtilityOutput,
 )
 from ref_engine.engine_core.tracing import TraceEvent, step_events
+from ref_engine.executor import ExecutorDeadError
 from ref_engine.kv_transfer.config import KVTransferConfig
 from ref_engine.kv_transfer.connector import KVTransferParams
 from ref_engine.outputs import RequestOutput
@@ -103,8 +109,13 @@ class EngineCoreArgs:
 
 
 def run_engine_core(engine_args: EngineCoreArgs, input_address: str, output_address: str) -> None:
-    """The core process's main: build the engine, say ready (or why not), serve until `Shutdown`."""
+    """The core process's main: build the engine, say ready (or why not), serve until `Shutdown`; exit code 1
+    when the executor died."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # the client starts the core daemonic, so that the client's exit ends it; the core may still start worker
+    # processes (distributed_executor_backend="mp"), which multiprocessing refuses to a daemonic process.
+    # They cannot outlive it: they exit when it does, however it ends (multiproc_executor.py)
+    multiprocessing.current_process().daemon = False
     context = zmq.Context()
     input_socket = context.socket(zmq.PULL)
     input_socket.connect(input_address)
@@ -123,6 +134,8 @@ def run_engine_core(engine_args: EngineCoreArgs, input_address: str, output_addr
             scheduling_policy=engine.config.scheduling_policy))
         EngineCore(engine, input_socket, output_socket, trace=engine_args.trace_requests,
                    dashboard=engine_args.dashboard).run()
+    except ExecutorDeadError:
+        sys.exit(1)  # after the finally: the last words get their linger to leave
     finally:
         context.destroy(linger=1000)
 
@@ -146,7 +159,8 @@ class EngineCore:
         self._added_since_step: list[str] = []  # the suspects when a step fails
 
     def run(self) -> None:
-        """Serve until `Shutdown` or until the client is gone; K/V staged and never loaded is discarded."""
+        """Serve until `Shutdown` or until the client is gone; K/V staged and never loaded is discarded. An
+        `ExecutorDeadError` is told to the client (`EngineCoreDead`) and raised: the model cannot run again."""
         engine = self.engine
         try:
             while self._read_messages(block=not (engine.has_unfinished_requests() or self._staged)):
@@ -156,6 +170,10 @@ class EngineCore:
             self._abort_all("the engine core is shutting down")
         except ClientGone:
             logger.warning("the engine core's client is gone; exiting")
+        except ExecutorDeadError as error:
+            logger.error("the engine core cannot run the model any more: %s", error)
+            self._send(EngineCoreDead(str(error)))
+            raise
         finally:
             while self._staged:
                 self.discard_kv(self._staged.popleft()[0].kv_transfer_params)
@@ -276,6 +294,8 @@ class EngineCore:
         engine = self.engine
         try:
             outputs, errors = engine.step(), {}
+        except ExecutorDeadError:
+            raise  # no request's fault, and no step can run again: `run` ends the core
         except Exception as error:
             logger.exception("engine step failed")
             suspects = self._suspects()

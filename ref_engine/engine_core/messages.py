@@ -4,7 +4,7 @@ Client -> core: `EngineCoreRequest` (one request; with `kv_transfer_params` a re
 prefilled, for a consumer core), `AbortRequests`, `UtilityCall` (one of `UTILITY_METHODS` of `EngineCore`),
 `Shutdown`. Core -> client: `EngineCoreReady` or `EngineCoreStartFailed` once, then `EngineCoreOutputs`
 (each step's outputs, the requests it failed, the scheduler's stats, trace events, the dashboard's step
-summaries) and `UtilityOutput`.
+summaries) and `UtilityOutput`, and `EngineCoreDead` as its last words when it can no longer run the model.
 
 Plain dataclasses, pickled (`send_pyobj`): both ends are this package on one machine, started by the same
 user, so pickle is safe here and needs no schema (vLLM uses msgpack to go faster and across languages).
@@ -82,6 +82,14 @@ class EngineCoreReady:
 
 @dataclass(frozen=True)
 class EngineCoreStartFailed:
+    error: str
+
+
+@dataclass(frozen=True)
+class EngineCoreDead:
+    """The core cannot run another step (its executor is dead: a worker died or hung) and exits next; `error`
+    says why, for the client to tell its callers instead of an exit code."""
+
     error: str
 
 
