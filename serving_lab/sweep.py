@@ -9,6 +9,10 @@ the simulator is what makes a dense grid affordable, and the engine points are w
 When their rankings agree (Spearman's rho near 1) the dense grid can be believed where it was not measured;
 this is how Vidur (Agrawal et al., MLSys'24) searches configurations, and why lesson 7 reports rho.
 
+Numerics are knobs too (`dtype`, `quantization`, `kv_cache_dtype`): a measured point off the float32 path
+is also judged on the eval set (agreement and KL against float32, serving_lab/eval_set.py), so one table holds
+speed and quality; the simulator leaves unpriced the paths its profile has no rate for (`Sweep.unpriced`).
+
 The front is the set of points no other point beats on every axis at once: higher output throughput, lower
 p99 inter-token latency, lower p99 TTFT. Which point on it is "best" depends on the SLO, so the sweep also
 prints goodput (requests/s within the SLO, DistServe's definition) when one is given.
