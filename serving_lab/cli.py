@@ -356,7 +356,12 @@ def _sweep(args: argparse.Namespace) -> None:
     if result.measured():
         agreement = result.agreement
         print(f"\nmeasured on the engine, {len(result.measured())} points:")
-        print(format_table(result.measured(), [*columns, "slowdown"]))
+        judged = [c for c in ("agreement", "mean_kl") if any(c in row for row in result.measured())]
+        print(format_table(result.measured(), [*columns, "prefix_cache_hit_rate", "draft_acceptance_rate", "slowdown",
+                                               *judged]))
+        if judged:
+            print("agreement, mean_kl: the point's greedy outputs and next-token distributions against float32 on "
+                  "the eval set (serving_lab/eval_set.py); blank: the float32 path itself")
         print(f"rank agreement (Spearman's rho of {agreement['metric']}, simulated vs measured): "
               f"{agreement['rho']:.2f} over {len(agreement['points'])} points")
     if args.out:
