@@ -46,8 +46,6 @@ REGIMES = dict(max_num_batched_tokens=32, num_kv_blocks=12, max_num_seqs=16, pre
                speculative_disable_by_batch_size=None)
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2)
 LOGPROB_TOLERANCE = 1e-4
-long_test = pytest.mark.skipif(not os.environ.get("SERVING_LAB_LONG_TESTS"),
-                               reason="over 10 s on the course CPU: set SERVING_LAB_LONG_TESTS=1")
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +78,7 @@ def decisions(step_records):
     return [(r.request_ids, r.query_lens, r.context_lens, r.num_preempted, r.verified) for r in step_records]
 
 
-@pytest.mark.parametrize("tp", [2, pytest.param(4, marks=[pytest.mark.slow, long_test])],
+@pytest.mark.parametrize("tp", [2, pytest.param(4, marks=[pytest.mark.slow, pytest.mark.long])],
                          ids=["tp2-kv-heads-split", "tp4-kv-heads-copied"])
 def test_tensor_parallel_greedy_outputs_equal_tp1(tiny, reference, tp):
     outputs, engine = run(tiny, tensor_parallel_size=tp, allow_cpu_oversubscription=True)
@@ -166,7 +164,7 @@ def test_quantization_is_refused_above_tp1(tiny):
 
 
 @pytest.mark.slow
-@long_test
+@pytest.mark.long
 def test_smollm2_at_tp3_gives_tp1s_greedy_tokens(smollm2):
     """9 heads and 3 KV heads over 3 ranks: one KV head each (the course machine has 2 cores: oversubscribed)."""
     prompts = ["The capital of France is", "def fibonacci(n):", "Tensor parallelism splits"]
