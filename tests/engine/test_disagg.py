@@ -120,6 +120,7 @@ def test_a_killed_decode_engine_fails_its_requests_and_nothing_hangs(tiny, coloc
 
 
 @pytest.mark.slow
+@pytest.mark.long  # 27 s: test_greedy_outputs_equal_one_colocated_engine checks the same equality on a tiny model
 def test_smollm2_greedy_outputs_equal_one_colocated_engine(smollm2_path):
     prompts = ["The capital of France is", "Write a haiku about the sea.", "1, 2, 3, 4,"]
     params = SamplingParams(max_tokens=12, temperature=0.0)
