@@ -151,7 +151,6 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache_layer: torch.Tenso
     flat[1].index_copy_(0, slot_mapping, v.to(flat.dtype))
 
 
-@torch.compiler.disable  # data-dependent shapes: the compiled decoder calls it eagerly (ref_engine/model/compile.py)
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
