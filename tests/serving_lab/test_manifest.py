@@ -105,8 +105,7 @@ def test_numerics_reach_the_engine_the_simulator_and_vllm(tmp_path, capsys):
     assert "kv_cache_dtype" not in load_manifest(EXAMPLE_MANIFEST).simulator_kwargs()  # auto: the priced dtype's
     with pytest.raises(ManifestError, match=r"engine\.kv_cache_dtype: got 'fp4'; allowed: 'auto', 'float32' or 'bfloat16'"):
         load_manifest(EXAMPLE_MANIFEST, {"engine.kv_cache_dtype": "fp4"})
-    with pytest.raises(ManifestError, match=r"engine\.kv_cache_dtype: measured runs keep the KV cache in the model"):
-        bf16_kv.measured_llm_kwargs()  # the sweep's and the report's runner: refused, not ignored
+    assert bf16_kv.measured_llm_kwargs()["kv_cache_dtype"] == "bfloat16"  # the sweep's and the report's runner
     out = run_cli(["manifest", "--to-vllm", str(EXAMPLE_MANIFEST), "--kv-cache-dtype", "bfloat16"], capsys)
     assert vllm_flags(out)[1]["--kv-cache-dtype"] == "bfloat16"
 
