@@ -6,7 +6,8 @@ lengths (outputs are forced with `ignore_eos`, so both sides produce exactly the
 prompts are real token ids when given, otherwise seeded random ids.
 
 Lengths are given as an int (fixed), a `(lo, hi)` tuple (uniform, inclusive) or an `Exponential` (mean,
-capped), the distributions the lessons' experiments use. Arrivals are "all" at time 0 or a Poisson
+capped), the distributions the lessons' experiments use, or drawn in pairs from a published production
+trace (`from_trace`). Arrivals are "all" at time 0 or a Poisson
 process of `rate` requests per second.
 
 For prefix caching, a request can start with a prefix drawn from a shared *prefix group*: one seeded token
@@ -24,9 +25,11 @@ prefixes, chat rounds, tenants); scheduling policies in lessons/03-chunked-prefi
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from core.request import Request
 
@@ -173,6 +176,22 @@ class Workload:
                                      prefix_len=history, system_len=system_len) for c in range(num_conversations)]
         return cls(tuple(reqs), seed, name)
 
+    @classmethod
+    def from_trace(cls, trace: str, num_requests: int, arrival: str | float = "all", seed: int = 0,
+                   name: str | None = None) -> Workload:
+        """`num_requests` (prompt, output) length pairs drawn at random, with replacement, from a published
+        production trace (`TRACES`: a systematic sample of Azure's 2023 LLM inference traces kept in
+        core/data), so a run meets a real service's mix of short and long prompts and replies, with the
+        correlation between them. Lengths only: the prompts are seeded random ids, the arrivals "all" or
+        Poisson, as in `synthetic`."""
+        pairs = trace_lengths(trace)
+        if num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {num_requests}")
+        rng = random.Random(seed)
+        times = _arrival_times(num_requests, arrival, rng)
+        reqs = tuple(WorkloadRequest(t, *rng.choice(pairs)) for t in times)
+        return cls(reqs, seed, name or f"trace-{trace}")
+
     def with_tenant(self, tenant: str | None, cache_salt: str | None = None) -> Workload:
         """The same requests, all sent by `tenant` with `cache_salt` (the prefix cache isolates both)."""
         return replace(self, requests=tuple(replace(r, tenant=tenant, cache_salt=cache_salt)
@@ -233,6 +252,23 @@ class Workload:
                                arrival_time=w.arrival_time, eos_token_ids=eos_token_ids, ignore_eos=True,
                                tenant=w.tenant, cache_salt=w.cache_salt, priority=w.priority))
         return out
+
+
+# Published traces' (prompt, output) lengths, in core/data: each file says where it comes from.
+TRACES = {
+    "azure-conv-2023": "azure-llm-2023-conv.csv",  # a chat service: median prompt ~1,020 tokens, reply ~130
+    "azure-code-2023": "azure-llm-2023-code.csv",  # code completion: median prompt ~1,400 tokens, reply ~13
+}
+
+
+@functools.cache
+def trace_lengths(trace: str) -> tuple[tuple[int, int], ...]:
+    """The (prompt_tokens, output_tokens) pairs of a trace in `TRACES`."""
+    if trace not in TRACES:
+        raise ValueError(f"unknown trace {trace!r}; known: {', '.join(TRACES)}")
+    lines = (Path(__file__).parent / "data" / TRACES[trace]).read_text().splitlines()
+    rows = [line.split(",") for line in lines if line and not line.startswith("#")][1:]  # past the header
+    return tuple((int(prompt), int(output)) for prompt, output in rows)
 
 
 def _arrival_times(n: int, arrival: str | float, rng: random.Random) -> list[float]:

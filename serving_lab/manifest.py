@@ -297,17 +297,13 @@ class Manifest(_Section):
 
     def measured_llm_kwargs(self) -> dict[str, Any]:
         """`llm_kwargs` for the sweep's and the report's measured runs, whose runner (ref_engine/bench.py)
-        keeps the KV cache in the model's dtype and runs it eagerly: a manifest asking for otherwise is refused,
-        not ignored."""
+        runs the engine in one process and the model eagerly: a manifest asking for otherwise is refused,
+        not ignored. (The KV cache's dtype it takes as given.)"""
         kwargs = self.llm_kwargs()
         if kwargs["tensor_parallel_size"] != 1:
             raise ManifestError(f"engine.tensor_parallel_size: measured runs run the engine in one process; got "
                                 f"{kwargs['tensor_parallel_size']} (use 1, or simulate only; `serving-lab serve` and "
                                 "`generate` run it)")
-        if kwargs["kv_cache_dtype"] != "auto":
-            raise ManifestError(f"engine.kv_cache_dtype: measured runs keep the KV cache in the model's dtype; "
-                                f"got {kwargs['kv_cache_dtype']!r} (use auto, or simulate only; `serving-lab "
-                                "serve` and `generate` run it)")
         if not kwargs["enforce_eager"]:
             raise ManifestError("engine.enforce_eager: measured runs run the model eagerly; got false (use true "
                                 "or null; `serving-lab serve` compiles it)")

@@ -88,14 +88,16 @@ def run_report(before: str | Path, after: str | Path, workload: str, *, hardware
     loaded = None
     if measure:
         engines = {name: m.measured_llm_kwargs() for name, m in manifests.items()}  # refuses what it cannot run
-        served = {(kwargs["model"], kwargs["dtype"], kwargs["quantization"]) for kwargs in engines.values()}
+        served = {(kwargs["model"], kwargs["dtype"], kwargs["quantization"], kwargs["kv_cache_dtype"])
+                  for kwargs in engines.values()}
         if len(served) != 1:
             raise ValueError("before and after serve different models or numerics (engine.model, engine.dtype, "
-                             f"engine.quantization: {sorted(served, key=str)}); a throughput report compares "
+                             f"engine.quantization, engine.kv_cache_dtype: {sorted(served, key=str)}); a "
+                             "throughput report compares "
                              "configurations of one model on one numeric path (the simulator prices one "
                              "calibrated dtype): judge numerics with `serving-lab sweep`'s dtype points, which "
                              "the eval set scores")
-        (path, dtype, quantization), = served
+        (path, dtype, quantization, kv_cache_dtype), = served
         from ref_engine.model.loader import load_model
         loaded = model if model is not None else load_model(path, dtype=dtype, quantization=quantization)
         if hardware is None:
@@ -108,7 +110,7 @@ def run_report(before: str | Path, after: str | Path, workload: str, *, hardware
     if measure:
         from serving_lab.pairing import Job, Sides, machine_slowdown, measured_runs
 
-        engine_sides = Sides(model=loaded, hardware=profile, repeats=repeats)
+        engine_sides = Sides(model=loaded, hardware=profile, repeats=repeats, kv_cache_dtype=kv_cache_dtype)
         jobs = [Job(parsed, engines[name]["config"], {}) for name in sides]
         for side, runs in zip(sides.values(), measured_runs(jobs, engine_sides).values()):
             side.measured = runs

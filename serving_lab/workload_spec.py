@@ -1,5 +1,5 @@
-"""Workloads named on the command line: `synthetic:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE][,tenants=MIX]`
-and `chat:...` (below).
+"""Workloads named on the command line: `synthetic:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE][,tenants=MIX]`,
+`chat:...` and `trace:...` (below).
 
 One short string, so `serving-lab simulate`, `sweep` and `report` need no file for the common case:
 NUM_REQUESTS requests of PROMPT_LEN prompt tokens that each generate OUTPUT_LEN tokens, all arriving at time
@@ -18,17 +18,24 @@ its new message, so prefix caching has the system prompt and the earlier turns t
 ids, so prompt-lookup speculation finds only what the model itself repeats (lesson 7's sweep: no drafts).
 Requests go turn by turn, all at time 0 or RATE requests/s:
 `chat:8:3:64:32:16` is 24 requests whose prompts grow from 96 to 192 tokens; tenants work as above.
+
+`trace:NAME:NUM_REQUESTS[:RATE]` draws each request's prompt and output lengths, as a pair, from a published
+production trace (`Workload.from_trace`; NAME `azure-conv-2023`, a chat service, or `azure-code-2023`, code
+completion, from Azure's 2023 LLM inference traces): `trace:azure-conv-2023:500:10` is 500 requests at 10
+requests/s with the chat service's lengths (median prompt ~1,020 tokens, reply ~130, the longest prompts past
+10k: give the simulator a max_model_len that holds them, or it refuses them).
 """
 
 from __future__ import annotations
 
 import math
 
-from core.workload import Workload
+from core.workload import TRACES, Workload
 
 SYNTHETIC_SPEC = "synthetic:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE]"
 CHAT_SPEC = "chat:NUM_CONVERSATIONS:TURNS:SYSTEM_LEN:USER_LEN:OUTPUT_LEN[:RATE]"
-WORKLOAD_SPEC = f"{SYNTHETIC_SPEC} or {CHAT_SPEC}, either with [,tenants=NAME:SHARE,...]"
+TRACE_SPEC = "trace:NAME:NUM_REQUESTS[:RATE]"
+WORKLOAD_SPEC = f"{SYNTHETIC_SPEC}, {CHAT_SPEC} or {TRACE_SPEC}, each with [,tenants=NAME:SHARE,...]"
 
 
 def parse_workload(spec: str, seed: int = 0) -> Workload:
@@ -45,11 +52,16 @@ def parse_workload(spec: str, seed: int = 0) -> Workload:
         sizes = [_count(spec, name, text, minimum=0 if name == "SYSTEM_LEN" else 1)
                  for name, text in zip(names, fields)]
         workload = Workload.chat(*sizes, arrival=_arrival(spec, fields[5:]), seed=seed, name=spec)
+    elif kind == "trace" and len(fields) in (2, 3):
+        if fields[0] not in TRACES:
+            raise ValueError(f"workload {spec!r}: unknown trace {fields[0]!r}; known: {', '.join(TRACES)}")
+        workload = Workload.from_trace(fields[0], _count(spec, "NUM_REQUESTS", fields[1]),
+                                       arrival=_arrival(spec, fields[2:]), seed=seed, name=spec)
     else:
-        form = {"synthetic": SYNTHETIC_SPEC, "chat": CHAT_SPEC}.get(kind)
+        form = {"synthetic": SYNTHETIC_SPEC, "chat": CHAT_SPEC, "trace": TRACE_SPEC}.get(kind)
         got = f" (got {len(fields)} fields after {kind}:)" if form else f" (unknown kind {kind!r})"
-        raise ValueError(f"workload {spec!r}: expected {form or WORKLOAD_SPEC}{got}, e.g. synthetic:64:128:64:8 "
-                         "or chat:8:3:64:32:16")
+        raise ValueError(f"workload {spec!r}: expected {form or WORKLOAD_SPEC}{got}, e.g. synthetic:64:128:64:8, "
+                         "chat:8:3:64:32:16 or trace:azure-conv-2023:500:10")
     return workload.with_tenant_mix(_tenant_mix(spec, option)) if option else workload
 
 

@@ -106,11 +106,17 @@ def test_existing_folder_needs_force_and_a_failed_write_leaves_nothing(simulated
     assert not (out / "mine.txt").exists() and (out / "report.html").exists()
 
 
-def test_before_and_after_must_share_the_numerics(tmp_path):
-    (tmp_path / "bf16.yaml").write_text(AFTER.read_text().replace("  served_model_name: smollm2",
-                                                                  "  served_model_name: smollm2\n  dtype: bfloat16"))
+def with_engine_key(manifest: str, line: str) -> str:
+    """`manifest` (a shipped capstone manifest's text) with `line` added to its engine section."""
+    assert "  served_model_name: smollm2" in manifest
+    return manifest.replace("  served_model_name: smollm2", f"  served_model_name: smollm2\n  {line}")
+
+
+@pytest.mark.parametrize("line", ["dtype: bfloat16", "kv_cache_dtype: bfloat16"])
+def test_before_and_after_must_share_the_numerics(tmp_path, line):
+    (tmp_path / "other.yaml").write_text(with_engine_key(AFTER.read_text(), line))
     with pytest.raises(ValueError, match="before and after serve different models or numerics"):
-        report.run_report(BEFORE, tmp_path / "bf16.yaml", WORKLOAD, hardware="local-cpu")
+        report.run_report(BEFORE, tmp_path / "other.yaml", WORKLOAD, hardware="local-cpu")
 
 
 def test_a_manifest_the_engine_cannot_run_is_named(tmp_path):
@@ -122,16 +128,20 @@ def test_a_manifest_the_engine_cannot_run_is_named(tmp_path):
 
 
 @pytest.mark.slow
-def test_measured_on_a_tiny_model(make_tiny_hf_model, tmp_path):
-    """Both sides on the engine (a tiny random model, so quick), with the speed-up's spread over repeats."""
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16"])
+def test_measured_on_a_tiny_model(make_tiny_hf_model, tmp_path, kv_cache_dtype):
+    """Both sides on the engine (a tiny random model, so quick), with the speed-up's spread over repeats; the
+    KV cache in the manifests' dtype on both sides."""
     folder = make_tiny_hf_model("llama", name="report-tiny")
     manifests = []
     for path in (BEFORE, AFTER):
         manifests.append(tmp_path / path.name)
-        manifests[-1].write_text(path.read_text().replace("HuggingFaceTB/SmolLM2-135M-Instruct", str(folder))
+        manifests[-1].write_text(with_engine_key(path.read_text(), f"kv_cache_dtype: {kv_cache_dtype}")
+                                 .replace("HuggingFaceTB/SmolLM2-135M-Instruct", str(folder))
                                  .replace("max_model_len: 2048", "max_model_len: 256"))
     done = report.run_report(*manifests, "synthetic:12:40:8", hardware="local-cpu", repeats=2)
     results = done.results
+    assert results["runs"]["after"]["config"]["engine"]["kv_cache_dtype"] == kv_cache_dtype
     measured = results["speedup"]["measured"]
     assert len(measured["per_repeat"]) == 2 and measured["min"] <= measured["median"] <= measured["max"]
     for side in report.SIDES:
