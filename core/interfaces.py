@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from core.kv_cache_manager import PrefixCacheExplanation
+    from core.kv_pool_snapshot import KVPoolSnapshot
     from core.request import Request, RequestStatus
 
 
@@ -105,6 +106,7 @@ class SchedulerStats:
     num_preemptions: int = 0  # preemption events
     num_preempted_reqs: int = 0  # requests preempted at least once
     num_waiting_preempted_reqs: int = 0  # requests waiting (or swapped out) to resume after a preemption
+    num_swapped_reqs: int = 0  # of the waiting, those whose KV blocks are in the host's swap pool
 
     @property
     def num_unfinished_requests(self) -> int:
@@ -156,3 +158,5 @@ class SchedulerInterface(Protocol):
     def requests_to_speculate(self) -> list[tuple[Request, int]]: ...
 
     def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None: ...
+
+    def snapshot_kv_pool(self) -> KVPoolSnapshot: ...

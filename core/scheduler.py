@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 from core.config import EngineConfig
 from core.interfaces import ScheduledRequest, SchedulerOutput, SchedulerStats, StepResult
 from core.kv_cache_manager import KVCacheManager, PrefixCacheExplanation
+from core.kv_pool_snapshot import KVPoolSnapshot
 from core.request import Request, RequestStatus
 from core.request_queue import FCFSRequestQueue, RequestQueue
 from core.scheduler_registry import SCHEDULERS, SCHEDULING_POLICIES, register_scheduler
@@ -260,7 +261,12 @@ class Scheduler:
         """Queues, pool and preemption totals now."""
         pool = self.kv_cache_manager.block_pool
         return SchedulerStats(len(self.running), len(self.waiting), pool.num_blocks, pool.num_free_blocks,
-                              self.num_preemptions, self.num_preempted_reqs, self.num_waiting_preempted_reqs)
+                              self.num_preemptions, self.num_preempted_reqs, self.num_waiting_preempted_reqs,
+                              len(self.kv_cache_manager.host_block_tables))
+
+    def snapshot_kv_pool(self) -> KVPoolSnapshot:
+        """The KV pool block by block, each used block with its tenant, for a live view (`KVPoolSnapshot`)."""
+        return KVPoolSnapshot.of(self.kv_cache_manager, self.requests)
 
     def explain_prefix(self, request: Request) -> PrefixCacheExplanation:
         """How far the prefix cache would serve `request`'s prompt right now, and why the next block would

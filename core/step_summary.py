@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.config import EngineConfig
+from core.interfaces import SchedulerInterface
 from core.kv_pool_snapshot import KVPoolSnapshot
 from core.metrics import StepRecord
-from core.scheduler import Scheduler
 
 POOL_INTERVAL_S = 0.1  # a pool snapshot at most this often: a view redraws about 10 times a second
 MAX_BLOCKS_VISITED_PER_S = 40_960  # 4096 blocks 10 times a second; a larger pool is snapshotted less often
@@ -48,14 +49,18 @@ class StepSummary:
 
 
 class StepSummarizer:
-    """Summarizes each step of one scheduler, right after it (see the module docstring)."""
+    """Summarizes each step of one scheduler, right after it (see the module docstring), through the
+    scheduler's interface alone (its stats and its pool snapshot), as the engine core reaches it."""
 
-    def __init__(self, scheduler: Scheduler, pool_interval: float = POOL_INTERVAL_S) -> None:
-        """`pool_interval`: the least time between two pool snapshots, on the clock `summarize` is given."""
+    def __init__(self, scheduler: SchedulerInterface, config: EngineConfig,
+                 pool_interval: float = POOL_INTERVAL_S) -> None:
+        """`config`: the scheduler's (its step budgets); `pool_interval`: the least time between two pool
+        snapshots, on the clock `summarize` is given."""
         if pool_interval < 0:
             raise ValueError(f"pool_interval must be >= 0, got {pool_interval}")
         self.scheduler = scheduler
-        num_blocks = scheduler.kv_cache_manager.block_pool.num_blocks
+        self.config = config
+        num_blocks = scheduler.make_stats().num_kv_blocks
         self.pool_interval = max(pool_interval, num_blocks / MAX_BLOCKS_VISITED_PER_S)
         self._last_pool_time: float | None = None
 
@@ -71,17 +76,17 @@ class StepSummarizer:
                 num_decode_tokens += query_len
             else:
                 num_prefill_tokens += query_len
-        kv = scheduler.kv_cache_manager
+        stats = scheduler.make_stats()
         pool = None
         idle = not scheduler.has_unfinished_requests()
         if idle or self._last_pool_time is None or now - self._last_pool_time >= self.pool_interval:
-            pool = KVPoolSnapshot.of(kv, scheduler.requests)
+            pool = scheduler.snapshot_kv_pool()
             self._last_pool_time = now
         return StepSummary(
             step_id=record.step_id, start=record.start, duration=record.duration,
-            token_budget=scheduler.config.max_num_batched_tokens, max_num_seqs=scheduler.config.max_num_seqs,
+            token_budget=self.config.max_num_batched_tokens, max_num_seqs=self.config.max_num_seqs,
             num_decode_rows=num_decode_rows, num_decode_tokens=num_decode_tokens,
             num_prefill_rows=record.num_seqs - num_decode_rows, num_prefill_tokens=num_prefill_tokens,
-            num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
-            num_swapped=len(kv.host_block_tables), num_preempted=record.num_preempted,
-            kv_usage=kv.usage, kv_pool=pool)
+            num_running=stats.num_running_reqs, num_waiting=stats.num_waiting_reqs,
+            num_swapped=stats.num_swapped_reqs, num_preempted=record.num_preempted,
+            kv_usage=stats.kv_cache_usage, kv_pool=pool)

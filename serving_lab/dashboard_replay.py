@@ -53,7 +53,7 @@ class _Recorder:
 
     def __call__(self, scheduler: Scheduler, record: StepRecord) -> None:
         if self.summarizer is None:
-            self.summarizer = StepSummarizer(scheduler, self.pool_interval)
+            self.summarizer = StepSummarizer(scheduler, scheduler.config, self.pool_interval)
         end = record.start + record.duration
         self.summaries.append(self.summarizer.summarize(record, end))
         if record.num_preempted:  # the scheduler's running total of requests preempted at least once

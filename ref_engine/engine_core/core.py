@@ -154,7 +154,7 @@ class EngineCore:
         self.output_socket = output_socket
         self.parent_pid = os.getppid()
         self.trace_events: list[TraceEvent] | None = [] if trace else None  # sent with the next outputs
-        self.summarizer = StepSummarizer(engine.scheduler) if dashboard else None  # None: no cost per step
+        self.summarizer = StepSummarizer(engine.scheduler, engine.config) if dashboard else None  # None: no cost per step
         self._staged: deque[tuple[EngineCoreRequest, float]] = deque()  # consumer: (request, when it came)
         self._added_since_step: list[str] = []  # the suspects when a step fails
 

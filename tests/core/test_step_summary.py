@@ -24,7 +24,7 @@ def step(scheduler, summarizer, now: float):
 
 def test_a_step_is_split_into_decode_rows_and_prefill_chunks_and_the_pool_into_its_states():
     scheduler = make_scheduler(EngineConfig(max_num_batched_tokens=64).for_model(512), 32)
-    summarizer = StepSummarizer(scheduler, pool_interval=10.0)
+    summarizer = StepSummarizer(scheduler, scheduler.config, pool_interval=10.0)
     scheduler.add_request(Request("A", PROMPT, 4, ignore_eos=True, tenant="acme"))
     first = step(scheduler, summarizer, 0.0)
     assert (first.num_prefill_rows, first.num_prefill_tokens, first.num_decode_rows) == (1, 40, 0)
@@ -38,7 +38,7 @@ def test_a_step_is_split_into_decode_rows_and_prefill_chunks_and_the_pool_into_i
     assert (second.num_running, second.num_waiting, second.num_swapped) == (3, 0, 0)
     assert second.kv_pool is None  # the last snapshot is younger than the interval
 
-    pool = KVPoolSnapshot.of(scheduler.kv_cache_manager, scheduler.requests)
+    pool = scheduler.snapshot_kv_pool()
     states = pool.block_states
     assert pool.tenants == ("acme", "globex") or pool.tenants == ("globex", "acme")
     acme, globex = (USED_BY + pool.tenants.index(t) for t in ("acme", "globex"))
@@ -58,7 +58,7 @@ def test_a_step_is_split_into_decode_rows_and_prefill_chunks_and_the_pool_into_i
 
 def test_evictions_are_counted_and_a_large_pool_is_counted_not_drawn():
     scheduler = make_scheduler(EngineConfig(max_num_batched_tokens=64).for_model(512), 4)
-    summarizer = StepSummarizer(scheduler)
+    summarizer = StepSummarizer(scheduler, scheduler.config)
     scheduler.add_request(Request("A", PROMPT, 2, ignore_eos=True))
     while scheduler.has_unfinished_requests():
         step(scheduler, summarizer, 0.0)
@@ -70,6 +70,6 @@ def test_evictions_are_counted_and_a_large_pool_is_counted_not_drawn():
     large = make_scheduler(EngineConfig().for_model(512), MAX_BLOCKS_DRAWN + 1)
     snapshot = KVPoolSnapshot.of(large.kv_cache_manager, large.requests)
     assert snapshot.block_states is None and snapshot.num_free == MAX_BLOCKS_DRAWN + 1
-    assert StepSummarizer(large, pool_interval=0.0).pool_interval > 0.1  # a larger pool, rarer snapshots
+    assert StepSummarizer(large, large.config, pool_interval=0.0).pool_interval > 0.1  # a larger pool, rarer snapshots
     with pytest.raises(ValueError, match="pool_interval"):
-        StepSummarizer(large, pool_interval=-1)
+        StepSummarizer(large, large.config, pool_interval=-1)

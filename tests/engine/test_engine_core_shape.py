@@ -51,9 +51,10 @@ def test_every_scheduler_satisfies_the_interface(cls):
             f"{cls.__name__}.{name} takes other parameters than SchedulerInterface.{name}"
 
 
-def test_the_engine_calls_only_the_interface():
-    source = (ROOT / "ref_engine" / "engine.py").read_text(encoding="utf-8")
-    called = set(re.findall(r"self\.scheduler\.(\w+)", source))
+@pytest.mark.parametrize("path", ["ref_engine/engine.py", "core/step_summary.py"])
+def test_the_engine_and_the_live_view_call_only_the_interface(path):
+    source = (ROOT / path).read_text(encoding="utf-8")
+    called = set(re.findall(r"\bscheduler\.(\w+)", source))
     declared = {*interface_methods(), *SchedulerInterface.__annotations__}
     assert called and called <= declared, f"not in SchedulerInterface: {sorted(called - declared)}"
 
