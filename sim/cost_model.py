@@ -49,20 +49,27 @@ Bytes moved through memory (read once per step; caches and fusion are ignored)
                        on a CPU at big batches.
 
 Time (seconds)
-    compute_s  = linear_flops / (peak_flops[dtype] * matmul_efficiency[dtype] * tp)   (dtype: the activations'
+    compute_s  = linear_flops / (peak_flops[dtype] * matmul_efficiency[dtype] * r)   (dtype: the activations'
                  for a weight-only format the profile has no rate for, `compute_dtype`)
-                 + attention_flops / (peak_flops[attention dtype] * attention_efficiency * tp)
+                 + attention_flops / (peak_flops[attention dtype] * attention_efficiency * r)
                  the attention dtype is the activations' (bf16 under FP8 weights: FP8 halves the linear
                  layers' time, not attention's); attention kernels rarely run at matmul speed (masks,
                  softmax, gathers); the efficiencies are fitted (sim/hardware.py)
-    memory_s   = (weight + kv_read + kv_write + activation bytes) / (memory_bandwidth * bandwidth_efficiency * tp)
+    memory_s   = (weight + kv_read + kv_write + activation bytes) / (memory_bandwidth * bandwidth_efficiency * r)
+                 r = HardwareProfile.tensor_parallel_rate(tp): tp on GPUs (a device per rank); on a CPU the
+                 ranks share its cores, r = min(tp * max(1, cores // tp), cores) / threads for tp > 1, 1 for tp = 1.
+                 The LM head's share of FLOPs and bytes (2 * V * H * R, V * H * a (+ packing), R * V * a) runs at
+                 r_head = HardwareProfile.lm_head_rate(tp) instead: r on GPUs (vLLM's vocabulary-parallel head),
+                 on a CPU max(1, cores // tp) / threads (ref_engine runs the head on rank 0 alone, after the layers)
     overhead_s = step_overhead_s + per_seq_overhead_s * N + per_token_overhead_s * T
                  + per_block_overhead_s * blocks,    blocks = sum_i ceil((c_i + q_i) / block_size)
                  (or BatchShape.num_blocks_touched when the caller knows it)
     comm_s     = 0 if tp == 1, else 2 * L all-reduces (after attention and after the MLP) of T * H * a bytes,
-                 each costing interconnect_latency_s + 2 * (tp - 1) / tp * (T * H * a)
-                 / (interconnect_bandwidth * interconnect_efficiency)
-                 (a ring all-reduce sends and receives 2 (tp - 1) / tp of the buffer per device)
+                 each costing latency + 2 * (tp - 1) / tp * (T * H * a) / bus bandwidth
+                 (a ring all-reduce sends and receives 2 (tp - 1) / tp of the buffer per device), where
+                 (latency, bus bandwidth) = HardwareProfile.allreduce_terms(tp): measured among tp processes
+                 where the profile has that (a calibrated CPU's gloo), else (interconnect_latency_s,
+                 interconnect_bandwidth * interconnect_efficiency)
     total_s    = combine(compute_s, memory_s) + comm_s + overhead_s
 
 `combine="max"` (the default of datasheet profiles; `HardwareProfile.combine` sets it) is the roofline: a GPU overlaps arithmetic with memory traffic, so the slower
@@ -73,9 +80,10 @@ efficiency at 1.0).
 
 Pipeline parallelism is sim/pipeline.py, on top of this model.
 
-Tensor parallelism divides FLOPs and bytes evenly by tp (weights, heads and KV are sharded). Caveats, kept
-out for simplicity: activations of width H are replicated rather than split, KV heads are replicated when
-tp > n_kv_heads, and the vocabulary-parallel lm_head's gather is not priced.
+Tensor parallelism divides FLOPs and bytes evenly among the tp ranks (weights, heads and KV are sharded), which
+run at r times one device's rates together. Caveats, kept out for simplicity: activations of width H are
+replicated rather than split, KV heads are replicated when tp > n_kv_heads, and the vocabulary-parallel
+lm_head's gather is not priced.
 
 Lesson: lessons/01-continuous-batching.md (the cost of a step); KV pool size in lessons/02-paged-attention.md.
 """
@@ -271,8 +279,6 @@ class CostModel:
         combine = combine or hardware.combine  # type: ignore[assignment]
         if combine not in ("max", "sum"):
             raise ValueError(f"combine must be 'max' or 'sum', got {combine!r}")
-        if tensor_parallel_size > 1 and hardware.interconnect_bandwidth <= 0:
-            raise ValueError(f"profile {hardware.name!r} has no interconnect; cannot price tp={tensor_parallel_size}")
         self.arch = arch
         self.hardware = hardware
         self.dtype = dtype
@@ -300,15 +306,18 @@ class CostModel:
         self._activation_bytes_per_token = L * (4 * H + 2 * arch.q_size + 2 * arch.kv_size
                                                 + 3 * arch.intermediate_size) * a
         self._activation_bytes_per_logit_row = V * a
-        # rates, per step (already divided among the tp devices)
-        self._seconds_per_flop = 1.0 / (hardware.matmul_flops(compute_dtype(dtype, hardware)) * tp)
+        # rates, per step (already divided among the tp ranks)
+        self._parallel_rate = rate = hardware.tensor_parallel_rate(tp)
+        self._lm_head_extra_weight = rate / hardware.lm_head_rate(tp) - 1
+        self._seconds_per_flop = 1.0 / (hardware.matmul_flops(compute_dtype(dtype, hardware)) * rate)
         self._seconds_per_attention_flop = 1.0 / (hardware.flops_for(self.activation_dtype)
-                                                  * hardware.attention_efficiency * tp)
-        self._seconds_per_byte = 1.0 / (hardware.effective_bandwidth * tp)
+                                                  * hardware.attention_efficiency * rate)
+        self._seconds_per_byte = 1.0 / (hardware.effective_bandwidth * rate)
         # tensor parallelism: 2 all-reduces per layer of T * H * a bytes each
         if tp > 1:
-            self._comm_fixed_s = 2 * L * hardware.interconnect_latency_s
-            self._comm_s_per_token = (2 * L * 2 * (tp - 1) / tp * H * a) / hardware.allreduce_bandwidth
+            latency_s, bus_bandwidth = hardware.allreduce_terms(tp)
+            self._comm_fixed_s = 2 * L * latency_s
+            self._comm_s_per_token = (2 * L * 2 * (tp - 1) / tp * H * a) / bus_bandwidth
         else:
             self._comm_fixed_s = 0.0
             self._comm_s_per_token = 0.0
@@ -342,6 +351,18 @@ class CostModel:
         activations = self._activation_bytes_per_token * tokens + self._activation_bytes_per_logit_row * rows
         return linear, attention, weights, kv_read, kv_write, activations, packed
 
+    def _lm_head_extra(self, shape: BatchShape) -> tuple[float, float, float]:
+        """(FLOPs, bytes, packed bytes) to add to a step's so that the LM head is priced at its own rate
+        (`HardwareProfile.lm_head_rate`) rather than the decoder layers': its work times
+        (layers' rate / head's rate - 1). Zeros where both rates are one (GPUs, tp = 1)."""
+        extra = self._lm_head_extra_weight
+        rows = shape.num_seqs if shape.num_logit_rows is None else shape.num_logit_rows
+        if not extra or not rows:
+            return 0.0, 0.0, 0.0
+        return (extra * self._flops_per_logit_row * rows,
+                extra * (self._lm_head_bytes + self._activation_bytes_per_logit_row * rows),
+                extra * self._lm_head_bytes if rows > 1 else 0.0)
+
     def _overhead_s(self, num_seqs: int, tokens: int, blocks: int) -> float:
         hw = self.hardware
         return (hw.step_overhead_s + hw.per_seq_overhead_s * num_seqs + hw.per_token_overhead_s * tokens
@@ -364,8 +385,10 @@ class CostModel:
         linear, attention, weights, kv_read, kv_write, activations, packed = self._flops_and_bytes(
             shape, tokens, pairs, ctx_read)
         weights += self._packing_passes * packed
-        compute_s = linear * self._seconds_per_flop + attention * self._seconds_per_attention_flop
-        memory_s = (weights + kv_read + kv_write + activations) * self._seconds_per_byte
+        head_flops, head_bytes, head_packed = self._lm_head_extra(shape)
+        compute_s = (linear + head_flops) * self._seconds_per_flop + attention * self._seconds_per_attention_flop
+        memory_s = (weights + kv_read + kv_write + activations + head_bytes + self._packing_passes * head_packed
+                    ) * self._seconds_per_byte
         core = max(compute_s, memory_s) if self.combine == "max" else compute_s + memory_s
         comm_s = self._comm_s(tokens)
         overhead_s = self._overhead_s(shape.num_seqs, tokens, blocks)
@@ -412,9 +435,11 @@ class CostModel:
         tokens, pairs, ctx_read, blocks = self._batch_sums(shape)
         linear, attention, weights, kv_read, kv_write, activations, packed = self._flops_and_bytes(
             shape, tokens, pairs, ctx_read)
-        tp = self.tensor_parallel_size
-        return (1.0, float(shape.num_seqs), float(tokens), float(blocks), linear / tp, attention / tp, packed / tp,
-                (weights + kv_read + kv_write + activations) / tp)
+        head_flops, head_bytes, head_packed = self._lm_head_extra(shape)
+        rate = self._parallel_rate
+        return (1.0, float(shape.num_seqs), float(tokens), float(blocks), (linear + head_flops) / rate,
+                attention / rate, (packed + head_packed) / rate,
+                (weights + kv_read + kv_write + activations + head_bytes) / rate)
 
     # -- between machines --
 

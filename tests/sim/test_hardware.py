@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,44 @@ def test_retimed_profile_scales_every_step_time(name):
         assert CostModel(arch, slower, dtype="bfloat16").step_time(shape) == pytest.approx(1.5 * before)
     with pytest.raises(ValueError, match="time factor"):
         profile.retimed(0)
+
+
+@pytest.mark.parametrize("cores, threads, tp, rate", [
+    (0, 0, 4, 4.0),  # a GPU: a device per rank
+    (2, 2, 1, 1.0),  # one rank is the engine as measured
+    (2, 2, 2, 1.0),  # two 1-thread ranks on the 2 cores the profile measured with 2 threads
+    (2, 2, 3, 1.0),  # three 1-thread ranks cannot use more than 2 cores
+    (2, 1, 2, 2.0),  # measured on 1 thread: two ranks use both cores
+    (4, 2, 2, 2.0),  # 2 ranks x 2 threads on 4 cores, measured on 2
+    (4, 4, 2, 1.0),  # measured on all 4 cores already
+    (8, 2, 3, 3.0),  # 3 ranks x 2 threads (8 // 3) on 8 cores
+])
+def test_tensor_parallel_rate_shares_a_cpus_cores(cores, threads, tp, rate):
+    profile = replace(HardwareProfile.named("local-cpu"), cores=cores, threads=threads)
+    assert profile.tensor_parallel_rate(tp) == rate
+
+
+def test_allreduce_terms_measured_then_interconnect():
+    cpu = replace(HardwareProfile.named("local-cpu"), cores=2, threads=2, measured_allreduce={2: [5e-4, 1.5e9]})
+    assert cpu.allreduce_terms(2) == (5e-4, 1.5e9)
+    with pytest.raises(ValueError, match=r"measured all-reduces among 2 processes, not 3; recalibrate"):
+        cpu.allreduce_terms(3)
+    with pytest.raises(ValueError, match="among no processes, not 2"):
+        replace(cpu, measured_allreduce={}).allreduce_terms(2)
+    h100 = HardwareProfile.named("h100-sxm")
+    assert h100.allreduce_terms(8) == (h100.interconnect_latency_s, h100.allreduce_bandwidth)
+    with pytest.raises(ValueError, match="no interconnect"):
+        replace(h100, interconnect_bandwidth=0.0).allreduce_terms(2)
+
+
+def test_tensor_parallel_terms_are_validated_and_survive_json(tmp_path):
+    cpu = HardwareProfile.named("local-cpu")
+    with pytest.raises(ValueError, match="sets both cores and threads"):
+        replace(cpu, cores=2, threads=0)
+    with pytest.raises(ValueError, match="measured_allreduce maps a tp >= 2"):
+        replace(cpu, measured_allreduce={1: [1e-4, 1e9]})
+    with pytest.raises(ValueError, match="measured_allreduce maps a tp >= 2"):
+        replace(cpu, measured_allreduce={2: [1e-4, 0.0]})
+    measured = replace(cpu, cores=2, threads=2, measured_allreduce={2: [5e-4, 1.5e9], 3: [1.3e-3, 1.3e9]})
+    assert HardwareProfile.from_json(measured.to_json(tmp_path / "cpu.json")) == measured  # int keys come back
+    assert measured.retimed(2.0).allreduce_terms(3) == (pytest.approx(2.6e-3), pytest.approx(0.65e9))
