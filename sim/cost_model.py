@@ -57,13 +57,17 @@ Time (seconds)
                  softmax, gathers); the efficiencies are fitted (sim/hardware.py)
     memory_s   = (weight + kv_read + kv_write + activation bytes) / (memory_bandwidth * bandwidth_efficiency * r)
                  r = HardwareProfile.tensor_parallel_rate(tp): tp on GPUs (a device per rank); on a CPU the
-                 ranks share its cores, r = min(tp * max(1, cores // tp), cores) / threads for tp > 1, 1 for tp = 1.
+                 ranks share its cores: each has 1/tp of the work on t = max(1, cores // tp) threads, and the ranks
+                 that do not fit the cores at once run after the others, in n = ceil(tp / (cores // t)) rounds
+                 (`tensor_parallel_rounds`), so r = tp * t / (threads * n) for tp > 1, 1 for tp = 1.
                  The LM head's share of FLOPs and bytes (2 * V * H * R, V * H * a (+ packing), R * V * a) runs at
                  r_head = HardwareProfile.lm_head_rate(tp) instead: r on GPUs (vLLM's vocabulary-parallel head),
                  on a CPU max(1, cores // tp) / threads (ref_engine runs the head on rank 0 alone, after the layers)
-    overhead_s = step_overhead_s + per_seq_overhead_s * N + per_token_overhead_s * T
-                 + per_block_overhead_s * blocks,    blocks = sum_i ceil((c_i + q_i) / block_size)
-                 (or BatchShape.num_blocks_touched when the caller knows it)
+    overhead_s = n * (step_overhead_s + per_seq_overhead_s * N + per_token_overhead_s * T
+                 + per_block_overhead_s * blocks),    blocks = sum_i ceil((c_i + q_i) / block_size)
+                 (or BatchShape.num_blocks_touched when the caller knows it); n = 1 but on a CPU whose cores
+                 cannot hold all tp ranks at once: each rank runs the whole forward's Python, in its turn (on the
+                 course VM the engine's own process took 0.4-4 ms of a 56-376 ms step, the rest was the forward)
     comm_s     = 0 if tp == 1, else 2 * L all-reduces (after attention and after the MLP) of T * H * a bytes,
                  each costing latency + 2 * (tp - 1) / tp * (T * H * a) / bus bandwidth
                  (a ring all-reduce sends and receives 2 (tp - 1) / tp of the buffer per device), where
@@ -308,6 +312,7 @@ class CostModel:
         self._activation_bytes_per_logit_row = V * a
         # rates, per step (already divided among the tp ranks)
         self._parallel_rate = rate = hardware.tensor_parallel_rate(tp)
+        self._rounds = hardware.tensor_parallel_rounds(tp)
         self._lm_head_extra_weight = rate / hardware.lm_head_rate(tp) - 1
         self._seconds_per_flop = 1.0 / (hardware.matmul_flops(compute_dtype(dtype, hardware)) * rate)
         self._seconds_per_attention_flop = 1.0 / (hardware.flops_for(self.activation_dtype)
@@ -365,8 +370,8 @@ class CostModel:
 
     def _overhead_s(self, num_seqs: int, tokens: int, blocks: int) -> float:
         hw = self.hardware
-        return (hw.step_overhead_s + hw.per_seq_overhead_s * num_seqs + hw.per_token_overhead_s * tokens
-                + hw.per_block_overhead_s * blocks)
+        return self._rounds * (hw.step_overhead_s + hw.per_seq_overhead_s * num_seqs
+                               + hw.per_token_overhead_s * tokens + hw.per_block_overhead_s * blocks)
 
     def step_time(self, shape: BatchShape) -> float:
         """Seconds for one engine step running `shape`."""
@@ -436,8 +441,8 @@ class CostModel:
         linear, attention, weights, kv_read, kv_write, activations, packed = self._flops_and_bytes(
             shape, tokens, pairs, ctx_read)
         head_flops, head_bytes, head_packed = self._lm_head_extra(shape)
-        rate = self._parallel_rate
-        return (1.0, float(shape.num_seqs), float(tokens), float(blocks), (linear + head_flops) / rate,
+        rate, n = self._parallel_rate, self._rounds
+        return (float(n), float(n * shape.num_seqs), float(n * tokens), float(n * blocks), (linear + head_flops) / rate,
                 attention / rate, (packed + head_packed) / rate,
                 (weights + kv_read + kv_write + activations + head_bytes) / rate)
 

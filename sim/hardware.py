@@ -27,7 +27,7 @@ What a profile holds, and why these numbers and no others
                             here is priced by its own measurement instead of interconnect_*
     cores, threads          a CPU's (0 on a GPU, where each tensor-parallel rank has a device of its own): the
                             machine's cores, which the tp ranks share, and the torch threads the rates above were
-                            measured on. See `tensor_parallel_rate`
+                            measured on. See `tensor_parallel_rounds`, `tensor_parallel_rate`, `lm_head_rate`
     network_*               link between machines (InfiniBand/Ethernet): KV transfer in PD disaggregation
 
 Achievable fractions. A datasheet gives peaks that real kernels never reach, so a profile also carries
@@ -198,30 +198,48 @@ class HardwareProfile:
             raise ValueError(f"profile {self.name!r} has no interconnect; cannot price tp={tp}")
         return self.interconnect_latency_s, self.allreduce_bandwidth
 
-    def tensor_parallel_rate(self, tp: int) -> float:
-        """How many times this profile's FLOP/s and bandwidth `tp` ranks reach together.
-
-        On GPUs, tp: each rank has a device of its own. On a CPU (`cores` set) the ranks share the machine:
-        each runs max(1, cores // tp) threads (the engine's workers), all of them together no more than
-        `cores` at a time, against the `threads` the rates were measured on. One rank is the engine as
-        measured (1.0). On a 2-core machine measured on 2 threads that is 1.0 at every tp: tensor
-        parallelism splits the work but not the cores."""
+    def tensor_parallel_rounds(self, tp: int) -> int:
+        """How many turns `tp` ranks take between two all-reduces: 1 on GPUs, and on a CPU whose cores hold
+        them all at once. The ranks run in lockstep (an all-reduce after every attention and every MLP), so
+        where only some fit (3 one-thread ranks on 2 cores) the rest run after them while the first wait in
+        the collective, holding their cores (gloo polls): ceil(tp / ranks that fit). Measured on the 2-core VM
+        with 60 short matmuls between 1-row all-reduces per rank: 3.5 ms an iteration among 2 processes (the
+        matmul 2.8 + the all-reduce alone 0.6), 7.4 among 3 (benchmarks/RESULTS.md, "Tensor parallelism on
+        this CPU")."""
         if tp < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {tp}")
+        if not self.cores or tp == 1:
+            return 1
+        at_once = max(1, self.cores // self._rank_threads(tp))
+        return -(-tp // at_once)
+
+    def tensor_parallel_rate(self, tp: int) -> float:
+        """How many times this profile's FLOP/s and bandwidth the decoder layers of `tp` ranks reach together.
+
+        On GPUs, tp: each rank has a device of its own. On a CPU (`cores` set) the ranks share the machine:
+        each has 1/tp of the work and max(1, cores // tp) threads (the engine's workers) against the `threads`
+        the rates were measured on, and they take `tensor_parallel_rounds` turns: tp * rank threads /
+        (threads * rounds). One rank is the engine as measured (1.0). On a 2-core machine measured on 2
+        threads, 1.0 at tp 2 and 4 (TP splits the work but not the cores) and 0.75 at tp 3."""
+        rounds = self.tensor_parallel_rounds(tp)
         if not self.cores:
             return float(tp)
         if tp == 1:
             return 1.0
-        return min(tp * max(1, self.cores // tp), self.cores) / self.threads
+        return tp * self._rank_threads(tp) / (self.threads * rounds)
 
     def lm_head_rate(self, tp: int) -> float:
         """How many times this profile's FLOP/s and bandwidth the LM head of `tp` ranks reaches: like the layers
         on GPUs (vLLM splits the head by vocabulary), but on a CPU the reference engine runs the whole head on
-        rank 0, after the layers, while the other ranks wait: rank 0's max(1, cores // tp) threads against the
-        `threads` the rates were measured on."""
+        rank 0, after the layers, while the other ranks wait: rank 0's threads against the `threads` the rates
+        were measured on."""
         if not self.cores or tp == 1:
             return self.tensor_parallel_rate(tp)
-        return max(1, self.cores // tp) / self.threads
+        return self._rank_threads(tp) / self.threads
+
+    def _rank_threads(self, tp: int) -> int:
+        """Torch threads each of a CPU's `tp` ranks runs (the engine's workers: max(1, cores // tp))."""
+        return max(1, self.cores // tp)
 
     @property
     def effective_bandwidth(self) -> float:

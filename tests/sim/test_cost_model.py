@@ -197,32 +197,37 @@ def test_tensor_parallel_by_hand(tiny, toy_hw):
 
 
 def test_tensor_parallel_on_a_cpu_by_hand(tiny, toy_hw):
-    """Three ranks on a 2-core CPU whose rates were measured on 2 threads: each rank runs 1 thread, together
-    the 2 cores, so the layers take as long as in one rank's whole step; the LM head runs on rank 0's one
-    thread alone, at half the rates; the all-reduce is the 3-process measurement, not the interconnect."""
+    """Three ranks on a 2-core CPU whose rates were measured on 2 threads: each rank runs 1 thread, two at once
+    and then the third, so the layers' third of the work each takes two turns at half the rates (rate 0.75),
+    and so does each rank's Python (the overheads twice); the LM head runs on rank 0's one thread alone (half
+    the rates); the all-reduce is the 3-process measurement, not the interconnect."""
     cpu = replace(toy_hw, cores=2, threads=2, measured_allreduce={3: [1e-4, 1e6]})
     shape = BatchShape.from_pairs([(1, 3), (1, 6)])
     one = CostModel(tiny, cpu, block_size=4).breakdown(shape)
     three = CostModel(tiny, cpu, block_size=4, tensor_parallel_size=3).breakdown(shape)
     assert one.memory_s == pytest.approx(4304 / 1e8)
-    # the head's work once more: 2 * V * H * 2 rows = 1024 FLOPs; V * H * 2 + 2 rows * V * 2 = 640 bytes
-    assert three.compute_s == pytest.approx((5760 + 1024 + 704) / 2e8)
-    assert three.memory_s == pytest.approx((4304 + 640) / 1e8)
+    # of the step's 5760 linear FLOPs the head's are 2 * V * H * 2 rows = 1024; of its 4304 bytes the head's are
+    # V * H * 2 + 2 rows * V * 2 = 640
+    assert three.compute_s == pytest.approx((5760 - 1024 + 704) / (2e8 * 0.75) + 1024 / (2e8 * 0.5))
+    assert three.memory_s == pytest.approx((4304 - 640) / (1e8 * 0.75) + 640 / (1e8 * 0.5))
     assert three.linear_flops == one.linear_flops == 5760  # the step's FLOPs, not their price
+    assert three.overhead_s == pytest.approx(2 * one.overhead_s) and one.overhead_s == pytest.approx(1.223e-3)
     # 2 all-reduces x 2 layers, each 1e-4 s + 2*(3-1)/3 * (2 tokens * 8 * 2 bytes) / 1e6 B/s
     assert three.comm_s == pytest.approx(4 * (1e-4 + 4 / 3 * 32 / 1e6))
-    assert three.total_s == pytest.approx((4304 + 640) / 1e8 + three.comm_s + 1.223e-3)
-    # 8 cores: 3 ranks of 2 threads (8 // 3) reach 3x the rates measured on 2 threads, the head 1x
+    assert three.total_s == pytest.approx(three.memory_s + three.comm_s + 2 * 1.223e-3)
+    # 8 cores: 3 ranks of 2 threads (8 // 3) at once reach 3x the rates measured on 2 threads, the head 1x
     eight = CostModel(tiny, replace(cpu, cores=8), block_size=4, tensor_parallel_size=3).breakdown(shape)
     assert eight.memory_s == pytest.approx((4304 - 640) / 1e8 / 3 + 640 / 1e8)
+    assert eight.overhead_s == pytest.approx(one.overhead_s)
     with pytest.raises(ValueError, match="not 2"):
         CostModel(tiny, cpu, tensor_parallel_size=2)
 
 
 def test_roofline_features_price_a_cpus_tensor_parallel_step(tiny, toy_hw):
-    """The calibrator's identity, step time - comm = features . unknowns, holds with the LM head on rank 0."""
-    cpu = replace(toy_hw, cores=8, threads=2, weight_packing_passes=1.5, measured_allreduce={3: [1e-4, 1e6]})
-    model = CostModel(tiny, cpu, block_size=4, tensor_parallel_size=3, combine="sum")
+    """The calibrator's identity, step time - comm = features . unknowns, holds with ranks taking turns on the
+    cores and the LM head on rank 0."""
+    cpu = replace(toy_hw, cores=2, threads=2, weight_packing_passes=1.5, measured_allreduce={3: [1e-4, 1e6]})
+    model = CostModel(tiny, cpu, block_size=4, tensor_parallel_size=3, combine="sum")  # 2 turns, head on rank 0
     unknowns = (cpu.step_overhead_s, cpu.per_seq_overhead_s, cpu.per_token_overhead_s, cpu.per_block_overhead_s,
                 1 / 2e8, 1 / 2e8, 1.5 / 1e8, 1 / 1e8)
     for shape in (BatchShape.from_pairs([(1, 3), (1, 6)]), BatchShape.prefill(16), BatchShape.decode(1, 8)):

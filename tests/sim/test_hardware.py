@@ -164,19 +164,24 @@ def test_retimed_profile_scales_every_step_time(name):
         profile.retimed(0)
 
 
-@pytest.mark.parametrize("cores, threads, tp, rate", [
-    (0, 0, 4, 4.0),  # a GPU: a device per rank
-    (2, 2, 1, 1.0),  # one rank is the engine as measured
-    (2, 2, 2, 1.0),  # two 1-thread ranks on the 2 cores the profile measured with 2 threads
-    (2, 2, 3, 1.0),  # three 1-thread ranks cannot use more than 2 cores
-    (2, 1, 2, 2.0),  # measured on 1 thread: two ranks use both cores
-    (4, 2, 2, 2.0),  # 2 ranks x 2 threads on 4 cores, measured on 2
-    (4, 4, 2, 1.0),  # measured on all 4 cores already
-    (8, 2, 3, 3.0),  # 3 ranks x 2 threads (8 // 3) on 8 cores
+@pytest.mark.parametrize("cores, threads, tp, rounds, rate, head", [
+    (0, 0, 4, 1, 4.0, 4.0),  # a GPU: a device per rank, the head split by vocabulary
+    (2, 2, 1, 1, 1.0, 1.0),  # one rank is the engine as measured
+    (2, 2, 2, 1, 1.0, 0.5),  # two 1-thread ranks on the 2 cores the profile measured with 2 threads
+    (2, 2, 3, 2, 0.75, 0.5),  # three 1-thread ranks on 2 cores: two at once, then the third
+    (2, 2, 4, 2, 1.0, 0.5),  # four: two turns of two
+    (2, 1, 2, 1, 2.0, 1.0),  # measured on 1 thread: two ranks use both cores
+    (4, 2, 2, 1, 2.0, 1.0),  # 2 ranks x 2 threads on 4 cores, measured on 2
+    (4, 4, 2, 1, 1.0, 0.5),  # measured on all 4 cores already
+    (8, 2, 3, 1, 3.0, 1.0),  # 3 ranks x 2 threads (8 // 3) on 8 cores
 ])
-def test_tensor_parallel_rate_shares_a_cpus_cores(cores, threads, tp, rate):
+def test_tensor_parallel_ranks_share_a_cpus_cores(cores, threads, tp, rounds, rate, head):
     profile = replace(HardwareProfile.named("local-cpu"), cores=cores, threads=threads)
+    assert profile.tensor_parallel_rounds(tp) == rounds
     assert profile.tensor_parallel_rate(tp) == rate
+    assert profile.lm_head_rate(tp) == head
+    with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
+        profile.tensor_parallel_rate(0)
 
 
 def test_allreduce_terms_measured_then_interconnect():
