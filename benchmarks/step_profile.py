@@ -36,7 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 from ref_engine import SamplingParams
 from ref_engine.engine import LLMEngine
 from ref_engine.model.int4 import Int4Linear
-from ref_engine.model.llama import TransposedLinear
+from ref_engine.model.linear import TransposedLinear
 from ref_engine.model.loader import LoadedModel, load_model
 from ref_engine.model.quantization import Int8Linear
 

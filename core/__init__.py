@@ -1,6 +1,6 @@
 """The torch-free policy core shared by the real engine and the simulator (see ARCHITECTURE.md)."""
 
-from core.config import EngineConfig
+from core.config import EngineConfig, ParallelConfig
 from core.fair import FairRequestQueue, FairScheduler
 from core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
 from core.metrics import RunMetrics, StepRecord, relative_error
@@ -13,7 +13,7 @@ from core.workload import Exponential, Workload, WorkloadRequest
 
 __all__ = [
     "SCHEDULERS", "SCHEDULING_POLICIES", "EngineConfig", "Exponential", "FCFSRequestQueue", "FairRequestQueue", "FairScheduler",
-    "KeyedRequestQueue", "PriorityRequestQueue", "PriorityScheduler", "Request", "RequestQueue", "RequestStatus",
+    "KeyedRequestQueue", "ParallelConfig", "PriorityRequestQueue", "PriorityScheduler", "Request", "RequestQueue", "RequestStatus",
     "RunMetrics", "ScheduledRequest", "Scheduler", "SchedulerOutput", "StaticScheduler", "StepPlan",
     "StepRecord", "StepResult", "Workload", "WorkloadRequest", "make_scheduler", "register_scheduler",
     "relative_error",

@@ -91,11 +91,16 @@ class ArchConfig:
         """K and V for one token across all layers: 2 * layers * kv_heads * head_dim * bytes."""
         return 2 * self.num_layers * self.kv_size * dtype_bytes
 
+    def num_kv_heads_per_device(self, tensor_parallel_size: int = 1) -> int:
+        """KV heads one device holds: tensor parallelism splits them; with fewer heads than devices, each
+        device holds one (a head is copied to several)."""
+        return cdiv(self.num_kv_heads, tensor_parallel_size)
+
     def kv_bytes_per_block(self, block_size: int, dtype_bytes: int = 2, tensor_parallel_size: int = 1) -> int:
         """One KV block on one device: block_size tokens of K and V in every layer, for this device's share
-        of the KV heads (tensor parallelism splits heads; with fewer heads than devices they are copied)."""
-        kv_heads_per_device = cdiv(self.num_kv_heads, tensor_parallel_size)
-        return block_size * 2 * self.num_layers * kv_heads_per_device * self.head_dim * dtype_bytes
+        of the KV heads (`num_kv_heads_per_device`)."""
+        return (block_size * 2 * self.num_layers * self.num_kv_heads_per_device(tensor_parallel_size)
+                * self.head_dim * dtype_bytes)
 
     def weight_bytes(self, dtype_bytes: int = 2) -> int:
         return self.num_params * dtype_bytes

@@ -2,6 +2,8 @@
 
 The same object configures the real engine and the simulator, so a sweep in a notebook changes one value
 and both sides see it. Defaults suit a small machine; vLLM's own defaults are noted where they differ.
+`ParallelConfig`, beside it, says how the engine splits its model over processes (tensor parallelism); the
+simulator takes the same degree as its own keyword.
 
 Lesson: lessons/07-tuning-knobs.md (what each knob trades); the prefill budgets and scheduling policies in
 lessons/03-chunked-prefill-and-disaggregation.md#budget-knobs.
@@ -14,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
+from core.arch_config import ArchConfig
 from core.scheduler_registry import SCHEDULERS, SCHEDULING_POLICIES
 
 PreemptionMode = Literal["recompute", "swap"]
@@ -25,6 +28,9 @@ QUANTIZATION_METHODS = ("int8", "int4")
 # What the KV cache may be stored in (vLLM's `kv_cache_dtype`): "auto" is the model's dtype. Also a load-time
 # choice (ref_engine/attention.py), listed here for the same reason.
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
+# Where an engine's tensor-parallel ranks run (vLLM's names): "uni", one worker in the engine's process; "mp",
+# one worker process per rank (ref_engine/executor/).
+DistributedExecutorBackend = Literal["uni", "mp"]
 TenantTable = tuple[tuple[str, Any], ...]  # (tenant, value) pairs, sorted by tenant: hashable, unlike a dict
 
 
@@ -223,6 +229,56 @@ class EngineConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How one engine splits its model over processes (vLLM's `ParallelConfig`, tensor parallelism only).
+
+    `tensor_parallel_size` ranks each hold a share of every layer's attention heads and MLP columns, and
+    all-reduce twice per layer (ref_engine/model/linear.py). `distributed_executor_backend` says where they run:
+    "uni", one worker in the engine's process (degree 1 only), or "mp", one worker process per rank; None
+    picks "mp" above degree 1, else "uni" (vLLM's default too). A CPU engine refuses more ranks than the
+    machine has cores unless `allow_cpu_oversubscription` (ranks sharing a core take turns, and every
+    all-reduce waits for the rank that is not running). Which degrees a model allows: `verify_with_model`.
+    """
+
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: DistributedExecutorBackend | None = None  # None: "mp" if tp > 1, else "uni"
+    allow_cpu_oversubscription: bool = False  # let a CPU engine run more ranks than it has cores (warned)
+
+    def __post_init__(self) -> None:
+        tp = self.tensor_parallel_size
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
+        if self.distributed_executor_backend is None:
+            object.__setattr__(self, "distributed_executor_backend", "mp" if tp > 1 else "uni")
+        _check_choice("distributed_executor_backend", self.distributed_executor_backend, ("uni", "mp"))
+        if self.distributed_executor_backend == "uni" and tp > 1:
+            raise ValueError(f"distributed_executor_backend='uni' runs one worker in the engine's process, so "
+                             f"tensor_parallel_size must be 1, got {tp}; use 'mp' (one process per rank)")
+        if not isinstance(self.allow_cpu_oversubscription, bool):
+            raise ValueError(f"allow_cpu_oversubscription must be True or False, got "
+                             f"{self.allow_cpu_oversubscription!r}")
+
+    def verify_with_model(self, arch: ArchConfig) -> None:
+        """A ValueError naming `tensor_parallel_size` and the degrees `arch` allows, if this is not one."""
+        allowed = tensor_parallel_sizes(arch)
+        if self.tensor_parallel_size not in allowed:
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} does not split {arch.name}: each rank holds "
+                f"whole heads of its {arch.num_attention_heads} attention heads, an equal share of its "
+                f"{arch.num_kv_heads} KV heads (or one copied to tp / {arch.num_kv_heads} ranks) and of its "
+                f"intermediate_size {arch.intermediate_size}; allowed: {', '.join(map(str, allowed))}")
+
+
+def tensor_parallel_sizes(arch: ArchConfig) -> list[int]:
+    """The tensor-parallel degrees that split `arch` (Megatron's rule, as vLLM checks it): a divisor of the
+    attention heads and of the MLP width, that divides the KV heads or is a multiple of them (then each KV
+    head is copied to tp / num_kv_heads ranks)."""
+    return [tp for tp in range(1, arch.num_attention_heads + 1)
+            if not arch.num_attention_heads % tp and not arch.intermediate_size % tp
+            and (not arch.num_kv_heads % tp or not tp % arch.num_kv_heads)]
 
 
 def _set_table(config: EngineConfig, knob: str, valid: Callable[[Any], bool], what: str) -> None:

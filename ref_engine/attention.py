@@ -128,14 +128,16 @@ def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch
 
 
 def allocate_kv_cache(
-    arch: ArchConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str | None = None
+    arch: ArchConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str | None = None,
+    tensor_parallel_size: int = 1,
 ) -> list[torch.Tensor]:
-    """One zeroed `[2, num_blocks, block_size, num_kv_heads, head_dim]` tensor per layer.
+    """One zeroed `[2, num_blocks, block_size, num_kv_heads, head_dim]` tensor per layer, `num_kv_heads` being
+    one tensor-parallel rank's share (`ArchConfig.num_kv_heads_per_device`).
 
     Zeroed, not empty: padded key positions are masked, but a NaN left in uninitialised memory would
     still turn `0 * NaN` into NaN in the probability-weighted sum of values.
     """
-    shape = (2, num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
+    shape = (2, num_blocks, block_size, arch.num_kv_heads_per_device(tensor_parallel_size), arch.head_dim)
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(arch.num_layers)]
 
 

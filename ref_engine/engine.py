@@ -47,23 +47,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from core.config import EngineConfig
+from core.config import EngineConfig, ParallelConfig
 from core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
 from core.kv_cache_manager import PrefixCacheExplanation
-from core.kv_sizing import num_kv_blocks
 from core.math_utils import cdiv
 from core.metrics import StepRecord
 from core.request import Request, RequestStatus, is_utf8_text
 from core.scheduler import make_scheduler
 from ref_engine.attention import check_kv_cache_dtype, kv_cache_torch_dtype
 from ref_engine.detokenizer import IncrementalDetokenizer
+from ref_engine.executor import make_executor
 from ref_engine.kv_transfer.config import KVTransferConfig
 from ref_engine.kv_transfer.connector import KVTransferParams, make_kv_connector
 from ref_engine.model.loader import LoadedModel, load_model
@@ -72,6 +72,7 @@ from ref_engine.runner import ModelRunner
 from ref_engine.sampler import Sampler, SamplingMetadata, make_generator
 from ref_engine.sampling_params import RequestOutputKind, SamplingParams
 from ref_engine.spec_decode import Draft, RejectionSampler, make_proposer
+from ref_engine.worker.worker import WorkerConfig
 
 PromptType = str | list[int] | dict[str, Any]
 # A prompt dict's text labels: `tenant` (as authenticated: isolates the prefix cache, counted by tenant caps
@@ -120,7 +121,16 @@ class LLMEngine:
         "int8" (W8A8) or "int4" (weight-only), ref_engine/model/quantization.py. `kv_cache_dtype`: "auto" (the model's dtype) or
         a dtype to store K/V in (ref_engine/attention.py; "bfloat16" doubles the blocks a pool holds).
         `enforce_eager`: True (the default: on the course CPU compiling did not pay, benchmarks/RESULTS.md)
-        runs the model eagerly; False compiles its forward at start (ref_engine/model/compile.py)."""
+        runs the model eagerly; False compiles its forward at start (ref_engine/model/compile.py).
+        `knobs`: `EngineConfig`'s and `ParallelConfig`'s (`tensor_parallel_size=2` runs the model on two worker
+        processes, ref_engine/executor/; the workers stop with `model_executor.shutdown()`, or when the engine
+        is collected or its process exits)."""
+        parallel_config = ParallelConfig(**{f.name: knobs.pop(f.name) for f in fields(ParallelConfig)
+                                            if f.name in knobs})
+        if kv_transfer_config is not None and parallel_config.distributed_executor_backend != "uni":
+            raise ValueError(f"kv_transfer_config saves and loads K/V in the engine's own process; got "
+                             f"tensor_parallel_size={parallel_config.tensor_parallel_size}, distributed_executor_backend="
+                             f"{parallel_config.distributed_executor_backend!r} (a disaggregated engine takes 1 and 'uni')")
         config = config or EngineConfig()
         self.config = config.replace(**knobs) if knobs else config
         check_kv_cache_dtype(kv_cache_dtype)  # before the slow load
@@ -143,24 +153,34 @@ class LLMEngine:
         self.config = self.config.for_model(self.arch.max_position_embeddings)
         self.dtype = next(loaded.model.parameters()).dtype
         self.kv_cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, self.dtype)
-        self.num_kv_blocks = self._num_kv_blocks(loaded.model)
-        self.cache_namespace = cache_namespace(loaded, self.dtype, self.kv_cache_dtype)
-        self.scheduler = make_scheduler(self.config, self.num_kv_blocks, cache_namespace=self.cache_namespace,
-                                        explain_misses=True)
-        self.runner = ModelRunner(
-            loaded.model, self.arch, num_kv_blocks=self.num_kv_blocks,
-            num_swap_blocks=self.scheduler.num_swap_blocks,
-            block_size=self.config.block_size, dtype=self.kv_cache_dtype, device=self.device,
-            enforce_eager=enforce_eager)
-        self.sampler = Sampler(self.config.seed, self.device)
-        self.rejection_sampler = RejectionSampler(self.sampler)
-        self.proposer = make_proposer(self.config, loaded, self.sampler, num_kv_blocks=self.num_kv_blocks,
-                                      dtype=self.dtype, device=self.device)
+        self.parallel_config = parallel_config
+        self.model_executor = make_executor(WorkerConfig(
+            loaded.path, self.dtype, loaded.quantization, self.kv_cache_dtype, self.config, parallel_config,
+            self.device, enforce_eager), loaded)
+        try:  # the workers must not outlive an engine that fails to start
+            self.num_kv_blocks = self.model_executor.determine_num_kv_blocks()
+            self.cache_namespace = cache_namespace(loaded, self.dtype, self.kv_cache_dtype)
+            self.scheduler = make_scheduler(self.config, self.num_kv_blocks, cache_namespace=self.cache_namespace,
+                                            explain_misses=True)
+            self.model_executor.initialize_cache(self.num_kv_blocks, self.scheduler.num_swap_blocks)
+            self.sampler = Sampler(self.config.seed, self.device)
+            self.rejection_sampler = RejectionSampler(self.sampler)
+            self.proposer = make_proposer(self.config, loaded, self.sampler, num_kv_blocks=self.num_kv_blocks,
+                                          dtype=self.dtype, device=self.device)
+        except BaseException:
+            self.model_executor.shutdown()
+            raise
         self.kv_connector = make_kv_connector(kv_transfer_config) if kv_transfer_config else None
         self._kv_producer = kv_transfer_config is not None and kv_transfer_config.is_kv_producer
         self._states: dict[str, _RequestState] = {}
         self.step_records: list[StepRecord] = []
         self._t0 = time.perf_counter()
+
+    @property
+    def runner(self) -> ModelRunner:
+        """The model runner in the engine's process (distributed_executor_backend="uni"), whose KV cache a
+        KV connector saves from and loads into; with "mp" the runners live in the worker processes."""
+        return self.model_executor.driver_worker.model_runner
 
     # ---- clock ----
 
@@ -285,7 +305,7 @@ class LLMEngine:
         output = self.scheduler.schedule(start)
         if output.is_empty:
             return []
-        model_output = self.runner.execute_model(output)
+        model_output = self.model_executor.execute_model(output)
         if self._kv_producer:
             self._save_kv(output)
         sampled, errors = (self._sample(output, model_output.request_ids, model_output.logits)
@@ -410,25 +430,6 @@ class LLMEngine:
             self._states[request.request_id].draft_probs = draft.probs
 
     # ---- helpers ----
-
-    def _num_kv_blocks(self, model: torch.nn.Module) -> int:
-        """The KV pool by the core's rule (`kv_sizing.num_kv_blocks`), from what torch measures here: on a
-        GPU its memory and the loaded weights; a CPU has no device memory to profile."""
-        config = self.config
-        per_block = self.arch.kv_bytes_per_block(config.block_size, self.kv_cache_dtype.itemsize)
-        free = device_memory = None
-        if self.device.type == "cuda":
-            free, device_memory = torch.cuda.mem_get_info(self.device)
-        blocks = num_kv_blocks(
-            config, per_block, device_memory=device_memory, weight_bytes=parameter_bytes(model),
-            activation_bytes=self.arch.peak_activation_bytes(config.max_num_batched_tokens, config.max_num_seqs,
-                                                             self.dtype.itemsize),
-            model=self.model_id)
-        if free is not None and blocks * per_block > free:  # other processes hold part of the device
-            raise ValueError(f"a KV pool of {blocks} blocks needs {blocks * per_block / 2**30:.2f} GiB, but only "
-                             f"{free / 2**30:.2f} GiB of {self.device} are free; lower gpu_memory_utilization "
-                             "or set kv_cache_memory or num_kv_blocks")
-        return blocks
 
     def _parse_prompt(self, prompt: PromptType) -> ParsedPrompt:
         """A str, a list of ids or a dict in vLLM's shape, as token ids (and text) with the dict's tenant,
@@ -581,11 +582,6 @@ def cache_namespace(loaded: LoadedModel, dtype: torch.dtype, kv_cache_dtype: tor
     return (f"{loaded.model_id}|weights={loaded.weights_digest}|dtype={str(dtype).removeprefix('torch.')}"
             f"|quantization={loaded.quantization}|kv_cache_dtype={str(kv_cache_dtype).removeprefix('torch.')}"
             f"|tokenizer={loaded.tokenizer.fingerprint}")
-
-
-def parameter_bytes(model: torch.nn.Module) -> int:
-    """Bytes the model's weights take on its device, as loaded (a tied embedding counts once)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 class LLM:

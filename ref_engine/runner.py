@@ -11,6 +11,9 @@ host pool that swapped-out blocks go to. Each step it
    the scheduler asked for a sample, or on its last 1 + k tokens when it verifies k draft tokens.
 It decides nothing: what to run comes from the scheduler, what to emit from the sampler.
 
+Under tensor parallelism each worker has its own runner over its share of the model and of the KV heads
+(ref_engine/worker/); all of them run every step, and only rank 0's computes logits.
+
 With `enforce_eager=False` the model's forward runs compiled (ref_engine/model/compile.py), and the runner
 compiles it when it is built, on two dummy passes (1 token and 2), so that the first request's step does not
 pay for compiling and a compiler that fails stops the engine at start.
@@ -34,17 +37,24 @@ from ref_engine.model.compile import compile_decoder
 @dataclass
 class ModelOutput:
     request_ids: list[str]  # whose rows `logits` holds, in order
-    logits: torch.Tensor  # [rows, vocab] float32: 1 + num_draft_tokens rows per request, in order
+    # [rows, vocab] float32: 1 + num_draft_tokens rows per request, in order; None from a runner that does not
+    # compute logits (a tensor-parallel rank other than 0)
+    logits: torch.Tensor | None
 
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, arch: ArchConfig, *, num_kv_blocks: int, num_swap_blocks: int,
-                 block_size: int, dtype: torch.dtype, device: torch.device, enforce_eager: bool = True) -> None:
+                 block_size: int, dtype: torch.dtype, device: torch.device, enforce_eager: bool = True,
+                 tensor_parallel_size: int = 1, compute_logits: bool = True) -> None:
+        """`tensor_parallel_size`: the model is one rank's share, and its KV cache holds that rank's KV heads;
+        `compute_logits`: run the LM head (on tensor-parallel rank 0 only: the engine samples from its rows)."""
         self.model = model
         self.block_size = block_size
         self.device = device
-        self.kv_caches = allocate_kv_cache(arch, num_kv_blocks, block_size, dtype, device)
-        self.host_kv_caches = allocate_kv_cache(arch, num_swap_blocks, block_size, dtype, torch.device("cpu"))
+        self.compute_logits = compute_logits
+        self.kv_caches = allocate_kv_cache(arch, num_kv_blocks, block_size, dtype, device, tensor_parallel_size)
+        self.host_kv_caches = allocate_kv_cache(arch, num_swap_blocks, block_size, dtype, torch.device("cpu"),
+                                                tensor_parallel_size)
         self.forward = model if enforce_eager else compile_decoder(model)
         if not enforce_eager:
             self._compile_now()
@@ -77,9 +87,11 @@ class ModelRunner:
             self.kv_caches,
             meta,
         )
+        request_ids = [s.request_id for s in output.scheduled if s.needs_logits]
+        if not self.compute_logits:
+            return ModelOutput(request_ids, None)
         rows = torch.tensor(logits_indices, dtype=torch.long, device=self.device)
-        logits = self.model.compute_logits(hidden[rows])
-        return ModelOutput([s.request_id for s in output.scheduled if s.needs_logits], logits)
+        return ModelOutput(request_ids, self.model.compute_logits(hidden[rows]))
 
     @torch.inference_mode()
     def _compile_now(self) -> None:

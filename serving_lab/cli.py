@@ -42,7 +42,7 @@ def _generate(args: argparse.Namespace) -> None:
     from ref_engine.sampling_params import RequestOutputKind
 
     llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-              enforce_eager=args.enforce_eager)
+              enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size)
     engine, tokenizer = llm.llm_engine, llm.get_tokenizer()
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat else p
                for p in args.prompts]
@@ -78,6 +78,8 @@ def add_generate_parser(subparsers: Subparsers) -> None:
                    help="what the KV cache stores K/V in (auto: the model's dtype)")
     p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True,
                    help="run the model eagerly (the default); --no-enforce-eager compiles it with torch.compile")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="worker processes the model is split over (1: in this process)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
@@ -116,6 +118,7 @@ def serve_config(args: argparse.Namespace) -> EngineConfig | None:
     args.model, args.served_model_name = engine["model"], manifest.engine.served_model_name
     args.dtype, args.quantization = engine["dtype"], engine["quantization"]
     args.kv_cache_dtype, args.enforce_eager = engine["kv_cache_dtype"], engine["enforce_eager"]
+    args.tensor_parallel_size = engine["tensor_parallel_size"]
     args.allow_streaming = manifest.api.streaming
     args.tenants = manifest.tenant_policies() or None
     with naming_keys():
@@ -204,7 +207,7 @@ def add_demo_parser(subparsers: Subparsers) -> None:
 # `serve`'s own flags that also override a manifest key (ref_engine/entrypoints/openai/cli_args.py): they
 # mean the same without a manifest, so `serve` keeps them and takes only the other override flags.
 SERVE_KNOBS = ("model", "served_model_name", "max_model_len", "max_num_seqs", "dtype", "quantization",
-               "kv_cache_dtype", "enforce_eager")
+               "kv_cache_dtype", "enforce_eager", "tensor_parallel_size")
 
 
 def _add_override_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:

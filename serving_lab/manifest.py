@@ -18,9 +18,10 @@ per_sequence`, `scheduler.type: chunked_prefill`); where the project offers more
 chunking and `static`, lesson 3's baselines; `whole_response` to turn streaming off; the older `openai`,
 `paged`, booleans), those are extra names beside the client's, never replacements.
 
-Some errors come later than parsing, because they depend on where the manifest runs: the one-device engine
-(`llm_kwargs`) cannot run `tensor_parallel_size > 1`, a model that is not on this machine, or a context
-beyond the model's, and says so in one line per key with the flag that overrides it; the simulator
+Some errors come later than parsing, because they depend on where the manifest runs: the engine
+(`llm_kwargs`) cannot run a tensor-parallel degree that does not split the model's heads, a model that is not
+on this machine, or a context beyond the model's, and says so in one line per key with the flag that
+overrides it (measured runs, `measured_llm_kwargs`, take degree 1 only); the simulator
 (`simulator_kwargs`) prices any degree but only a model whose dimensions it knows (a `KNOWN_MODELS` name, a
 checkpoint, or a `config.json`). Nothing is silently substituted.
 
@@ -46,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from core.arch_config import DEFAULT_MODEL_NAME, KNOWN_MODELS, ArchConfig
-from core.config import EngineConfig
+from core.config import EngineConfig, tensor_parallel_sizes
 from core.metrics import RunMetrics
 from ref_engine.entrypoints.openai.tenants import TenantPolicy
 
@@ -249,8 +250,9 @@ class Manifest(_Section):
         return {tenant: TenantPolicy(**section.model_dump()) for tenant, section in (self.tenants or {}).items()}
 
     def llm_kwargs(self) -> dict[str, Any]:
-        """`LLM(**manifest.llm_kwargs())`: the engine's model (None: the default), numerics and config. Every
-        key this one-device engine cannot run here is one line of the `ManifestError`, with its override."""
+        """`LLM(**manifest.llm_kwargs())`: the engine's model (None: the default), numerics, config and
+        tensor-parallel degree. Every key the engine cannot run here is one line of the `ManifestError`, with
+        its override (a degree the model's heads forbid is one; more ranks than cores the engine refuses)."""
         engine, spec = self.engine, self.optional.speculative_decoding
         problems = []
         if engine.quantization is not None and engine.dtype not in (None, "float32"):
@@ -261,15 +263,20 @@ class Manifest(_Section):
             problems.append(f"engine.model: the engine loads {DEFAULT_MODEL!r}, a GGUF file or a Hugging Face "
                             f"folder; {engine.model!r} is none of them on this machine; override with --model "
                             f"PATH or --model {DEFAULT_MODEL}")
-        if engine.tensor_parallel_size != 1:
-            problems.append(f"engine.tensor_parallel_size: the reference engine runs on one device; allowed: 1, "
-                            f"got {engine.tensor_parallel_size}; override with --tensor-parallel-size 1 "
-                            "(`serving-lab simulate` prices larger degrees)")
+        arch = simulated_arch(engine.model if model_found else DEFAULT_MODEL, "engine.model")
+        whose = "" if model_found else f", {DEFAULT_MODEL}'s: engine.model is not here"
+        tp, allowed = engine.tensor_parallel_size, tensor_parallel_sizes(arch)
+        if tp not in allowed:
+            problems.append(f"engine.tensor_parallel_size: {tp} does not split the model's "
+                            f"{arch.num_attention_heads} attention heads, {arch.num_kv_heads} KV heads and MLP width "
+                            f"{arch.intermediate_size} into equal shares{whose}; allowed: {', '.join(map(str, allowed))}; "
+                            "override with --tensor-parallel-size 1 (`serving-lab simulate` prices any degree)")
+        elif tp > 1 and engine.quantization is not None:
+            problems.append(f"engine.tensor_parallel_size: {engine.quantization} projections run on one rank "
+                            f"only; got {tp}; override with --tensor-parallel-size 1 or --quantization null")
         max_model_len = self.api.request_limits.max_model_len
-        context_of = engine.model if model_found else DEFAULT_MODEL
-        context = simulated_arch(context_of, "engine.model").max_position_embeddings
+        context = arch.max_position_embeddings
         if max_model_len is not None and max_model_len > context:
-            whose = "" if model_found else f", {DEFAULT_MODEL}'s: engine.model is not here"
             problems.append(f"api.request_limits.max_model_len: max_model_len ({max_model_len}) exceeds the "
                             f"model's max_position_embeddings ({context}{whose}); override with "
                             f"--max-model-len {context} or less")
@@ -285,13 +292,18 @@ class Manifest(_Section):
                                 + "\n  ".join(problems))
         return {"model": None if engine.model == DEFAULT_MODEL else engine.model, "config": self.engine_config(),
                 "dtype": engine.dtype or "float32", "quantization": engine.quantization,
-                "kv_cache_dtype": engine.kv_cache_dtype or "auto", "enforce_eager": engine.enforce_eager is not False}
+                "kv_cache_dtype": engine.kv_cache_dtype or "auto", "enforce_eager": engine.enforce_eager is not False,
+                "tensor_parallel_size": tp}
 
     def measured_llm_kwargs(self) -> dict[str, Any]:
         """`llm_kwargs` for the sweep's and the report's measured runs, whose runner (ref_engine/bench.py)
         keeps the KV cache in the model's dtype and runs it eagerly: a manifest asking for otherwise is refused,
         not ignored."""
         kwargs = self.llm_kwargs()
+        if kwargs["tensor_parallel_size"] != 1:
+            raise ManifestError(f"engine.tensor_parallel_size: measured runs run the engine in one process; got "
+                                f"{kwargs['tensor_parallel_size']} (use 1, or simulate only; `serving-lab serve` and "
+                                "`generate` run it)")
         if kwargs["kv_cache_dtype"] != "auto":
             raise ManifestError(f"engine.kv_cache_dtype: measured runs keep the KV cache in the model's dtype; "
                                 f"got {kwargs['kv_cache_dtype']!r} (use auto, or simulate only; `serving-lab "

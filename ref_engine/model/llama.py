@@ -15,6 +15,14 @@ The families differ only in small switches read from `ArchConfig`:
 As in vLLM, q/k/v are one fused projection (`qkv_proj`) and gate/up another (`gate_up_proj`): one matmul
 instead of three (two). `load_weights` takes Hugging Face tensor names and slices each into its shard.
 
+With `tp_size > 1` the model is one rank's share of a tensor-parallel model (ref_engine/model/linear.py):
+its share of the heads and MLP columns, the embedding, norms and LM head whole on every rank. Why the LM head
+is replicated rather than split over the vocabulary (vLLM's `ParallelLMHead`): the engine samples in its
+own process from rank 0's logits (ref_engine/executor/), so the logits have to end up whole on one rank
+anyway; a vocabulary split would trade 1/tp of the head's matmul for a gather of `[rows, vocab]` floats
+every step, and on the course CPU's two cores the ranks have no spare compute to split. Only rank 0 runs it
+(the runner's `compute_logits`). A tied embedding stays tied, and the embedding needs no all-reduce.
+
 Lesson: lessons/06-architecture-map.md (the model runner's box).
 """
 
@@ -22,7 +30,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +37,13 @@ from torch import nn
 
 from core.arch_config import ArchConfig
 from ref_engine.attention import AttentionMetadata, paged_attention
+from ref_engine.model.linear import (
+    ColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+    TransposedLinear,
+    empty_param,
+)
 
 # Hugging Face projection name -> (our fused projection, index of its shard).
 STACKED_PARAMS = {
@@ -41,45 +55,13 @@ STACKED_PARAMS = {
 }
 
 
-class TransposedLinear(nn.Module):
-    """`y = x @ W + b` with `W` stored `[in_features, out_features]`, the transpose of `nn.Linear`.
-
-    Why: on the 2-core CPU the notebooks run on, one `x @ W` in this layout measured 1.4-2.6x faster than
-    `F.linear` at 64+ rows in float32 (benchmarks/RESULTS.md, "The machine"). Across a whole SmolLM2 decode step on that
-    shared machine the gain stayed within run-to-run noise, so it is a cheap, harmless choice rather than
-    a big win. On CUDA both are the same GEMM. A fused projection is one weight whose columns are its
-    shards, e.g. q | k | v.
-    """
-
-    def __init__(self, in_features: int, shard_sizes: list[int], bias: bool, dtype: torch.dtype,
-                 device: torch.device | None) -> None:
-        super().__init__()
-        self.shard_offsets = [0, *accumulate(shard_sizes)]
-        out_features = self.shard_offsets[-1]
-        self.weight = _empty_param(in_features, out_features, dtype=dtype, device=device)
-        self.bias = _empty_param(out_features, dtype=dtype, device=device) if bias else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.bias is None:
-            return x @ self.weight
-        return torch.addmm(self.bias, x, self.weight)
-
-    def load_hf_shard(self, kind: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        """Copy a Hugging Face `weight` `[out, in]` (transposed here) or `bias` `[out]` into a shard."""
-        lo, hi = self.shard_offsets[shard], self.shard_offsets[shard + 1]
-        if kind == "weight":
-            self.weight[:, lo:hi].copy_(tensor.T)
-        else:
-            self.bias[lo:hi].copy_(tensor)
-
-
 class RMSNorm(nn.Module):
     """`x / rms(x) * weight`, computed in float32 and cast back, as the reference implementation does."""
 
     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype, device: torch.device | None) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = _empty_param(hidden_size, dtype=dtype, device=device)
+        self.weight = empty_param(hidden_size, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
@@ -147,14 +129,16 @@ class LlamaAttention(nn.Module):
     layer calls `paged_attention` and `o_proj` itself, so that attention is a call of its own in the layer's
     forward, with only dense math on either side (ref_engine/model/compile.py compiles those two sides)."""
 
-    def __init__(self, arch: ArchConfig, dtype: torch.dtype, device: torch.device | None) -> None:
+    def __init__(self, arch: ArchConfig, dtype: torch.dtype, device: torch.device | None, tp_rank: int = 0,
+                 tp_size: int = 1) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = arch.num_attention_heads, arch.num_kv_heads, arch.head_dim
-        self.q_size, self.kv_size = arch.q_size, arch.kv_size
+        self.qkv_proj = QKVParallelLinear(arch.hidden_size, arch.head_dim, arch.num_attention_heads,
+                                          arch.num_kv_heads, arch.attention_bias, dtype, device, tp_rank, tp_size)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads  # this rank's
+        self.head_dim = arch.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
-        self.qkv_proj = TransposedLinear(arch.hidden_size, [self.q_size, self.kv_size, self.kv_size],
-                                         arch.attention_bias, dtype, device)
-        self.o_proj = TransposedLinear(self.q_size, [arch.hidden_size], False, dtype, device)
+        self.o_proj = RowParallelLinear(arch.q_size, arch.hidden_size, dtype, device, tp_rank, tp_size)
 
     def qkv(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -168,10 +152,12 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """SwiGLU: `down(silu(gate(x)) * up(x))`, with gate and up fused into one matmul."""
 
-    def __init__(self, arch: ArchConfig, dtype: torch.dtype, device: torch.device | None) -> None:
+    def __init__(self, arch: ArchConfig, dtype: torch.dtype, device: torch.device | None, tp_rank: int = 0,
+                 tp_size: int = 1) -> None:
         super().__init__()
-        self.gate_up_proj = TransposedLinear(arch.hidden_size, [arch.intermediate_size] * 2, False, dtype, device)
-        self.down_proj = TransposedLinear(arch.intermediate_size, [arch.hidden_size], False, dtype, device)
+        self.gate_up_proj = ColumnParallelLinear(arch.hidden_size, [arch.intermediate_size] * 2, False, dtype,
+                                                 device, tp_rank, tp_size)
+        self.down_proj = RowParallelLinear(arch.intermediate_size, arch.hidden_size, dtype, device, tp_rank, tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -179,12 +165,13 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, arch: ArchConfig, dtype: torch.dtype, device: torch.device | None) -> None:
+    def __init__(self, arch: ArchConfig, dtype: torch.dtype, device: torch.device | None, tp_rank: int = 0,
+                 tp_size: int = 1) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
-        self.self_attn = LlamaAttention(arch, dtype, device)
+        self.self_attn = LlamaAttention(arch, dtype, device, tp_rank, tp_size)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
-        self.mlp = LlamaMLP(arch, dtype, device)
+        self.mlp = LlamaMLP(arch, dtype, device, tp_rank, tp_size)
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -195,26 +182,30 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, arch: ArchConfig, dtype: torch.dtype, device: torch.device | None) -> None:
+    def __init__(self, arch: ArchConfig, dtype: torch.dtype, device: torch.device | None, tp_rank: int = 0,
+                 tp_size: int = 1) -> None:
         super().__init__()
         self.embed_tokens = _empty_embedding(arch, dtype, device)
         self.rotary = RotaryEmbedding(arch, dtype, device)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(arch, dtype, device) for _ in range(arch.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(arch, dtype, device, tp_rank, tp_size)
+                                    for _ in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
 
 
 class LlamaForCausalLM(nn.Module):
     """A decoder-only LM over a flat token batch with a paged KV cache.
 
-    Parameters are created empty (no random init): fill them with `load_weights`.
+    Parameters are created empty (no random init): fill them with `load_weights`. `tp_rank` of `tp_size`:
+    this rank's share of a tensor-parallel model (the module docstring).
     """
 
     def __init__(self, arch: ArchConfig, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, tp_rank: int = 0, tp_size: int = 1) -> None:
         super().__init__()
         device = torch.device(device) if device is not None else None
         self.arch = arch
-        self.model = LlamaModel(arch, dtype, device)
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.model = LlamaModel(arch, dtype, device, tp_rank, tp_size)
         # Like vLLM's ParallelLMHead, the LM head is an embedding-shaped [vocab, hidden] matrix; tied
         # checkpoints simply reuse the input embedding.
         self.lm_head = self.model.embed_tokens if arch.tie_word_embeddings else _empty_embedding(arch, dtype, device)
@@ -273,11 +264,6 @@ class LlamaForCausalLM(nn.Module):
             module.load_hf_shard(kind, tensor)
         else:
             getattr(module, kind).copy_(tensor)
-
-
-def _empty_param(*shape: int, dtype: torch.dtype, device: torch.device | None) -> nn.Parameter:
-    """An uninitialised, inference-only parameter (no autograd bookkeeping in forward)."""
-    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
 
 
 def _empty_embedding(arch: ArchConfig, dtype: torch.dtype, device: torch.device | None) -> nn.Embedding:

@@ -61,17 +61,20 @@ class LoadedModel:
 
 def load_model(path: str | Path | None = None, dtype: torch.dtype | str = "float32",
                device: torch.device | str | None = None, quantization: str | None = None,
-               quantization_group_size: int = DEFAULT_GROUP_SIZE) -> LoadedModel:
+               quantization_group_size: int = DEFAULT_GROUP_SIZE, tp_rank: int = 0, tp_size: int = 1) -> LoadedModel:
     """Load a model from `path` (see the module docstring) onto `device` (default: CUDA if present), its
     projections quantized if `quantization` says so (`quantization.QUANTIZATION_METHODS`;
-    `quantization_group_size`: inputs per scale and zero of int4)."""
+    `quantization_group_size`: inputs per scale and zero of int4). `tp_rank` of `tp_size`: keep only that
+    tensor-parallel rank's share of the weights (ref_engine/model/linear.py); quantized projections are not
+    split, so `quantization` needs `tp_size == 1`."""
     torch_dtype = resolve_dtype(dtype)
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     check_quantization(quantization, torch_dtype, device, quantization_group_size)
+    check_tensor_parallel_quantization(quantization, tp_size)
     path = Path(path) if path is not None else store.default_model_path()
     checkpoint = _open_checkpoint(path)
     tokenizer = checkpoint.tokenizer()
-    model = LlamaForCausalLM(checkpoint.arch, dtype=torch_dtype, device=device)
+    model = LlamaForCausalLM(checkpoint.arch, dtype=torch_dtype, device=device, tp_rank=tp_rank, tp_size=tp_size)
     try:
         model.load_weights(checkpoint.weights())
     except ValueError as err:  # a missing, unexpected or misshapen tensor: say which file
@@ -101,6 +104,13 @@ def quantized(loaded: LoadedModel, quantization: str, *, copy: bool = True,
     # other numbers: neither its prefix cache nor its profile is the float one's
     label = quantization if quantization != "int4" or group_size == DEFAULT_GROUP_SIZE else f"int4-g{group_size}"
     return replace(loaded, model=model, model_id=f"{loaded.model_id}+{label}", quantization=quantization)
+
+
+def check_tensor_parallel_quantization(quantization: str | None, tensor_parallel_size: int) -> None:
+    """Quantized projections replace the tensor-parallel layers, all-reduce included: refused above degree 1."""
+    if quantization is not None and tensor_parallel_size > 1:
+        raise ValueError(f"quantization={quantization!r} runs on one rank only: its projections are not split "
+                         f"over ranks; got tensor_parallel_size={tensor_parallel_size} (use 1, or quantization=None)")
 
 
 def _checkpoint_int4_weights(loaded: LoadedModel, quantization: str) -> dict[str, Int4Weight]:

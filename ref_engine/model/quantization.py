@@ -43,7 +43,8 @@ from ref_engine.model.int4 import (
     Int4Weight,
     has_int4_kernel,
 )
-from ref_engine.model.llama import STACKED_PARAMS, LlamaForCausalLM, TransposedLinear
+from ref_engine.model.linear import TransposedLinear
+from ref_engine.model.llama import STACKED_PARAMS, LlamaForCausalLM
 
 # The kernel each numeric path runs, as a calibrated profile records it: a profile measured on another kernel
 # prices the wrong thing (the engine's int8 was W8A8 on torch's quantized ops before it became weight-only).

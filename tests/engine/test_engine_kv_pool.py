@@ -1,13 +1,16 @@
 """The engine sizes its KV pool as the simulator does: one rule (core/kv_sizing.py), fed by torch
-measurements here and by a hardware profile and the model's dims there."""
+measurements here (its worker's, ref_engine/worker/) and by a hardware profile and the model's dims there."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
 
 from core.kv_sizing import CPU_KV_CACHE_MEMORY
-from ref_engine.engine import LLMEngine, parameter_bytes
+from ref_engine.engine import LLMEngine
+from ref_engine.worker import parameter_bytes
 from sim.hardware import HardwareProfile
 from sim.simulator import num_kv_blocks_for
 
@@ -32,21 +35,22 @@ def test_on_a_gpu_engine_and_simulator_give_the_same_pool_for_the_same_memory(en
     """The engine's GPU path, with torch's memory query answered as a 2 GB device would answer it."""
     total = 2 * 10**9
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (total - 10**8, total))
-    monkeypatch.setattr(engine, "device", torch.device("cuda"))
+    worker = engine.model_executor.driver_worker
+    monkeypatch.setattr(worker, "device", torch.device("cuda"))
     gpu = HardwareProfile.named("h100-sxm")
     gpu = HardwareProfile(name="2 GB GPU", peak_flops=gpu.peak_flops, memory_bandwidth=gpu.memory_bandwidth,
                           memory_bytes=total)
-    model = engine.runner.model
-    assert parameter_bytes(model) == engine.arch.weight_bytes(4)  # measured weights = the simulator's count
+    assert parameter_bytes(engine.runner.model) == engine.arch.weight_bytes(4)  # measured = the simulator's count
     for config in (engine.config, engine.config.replace(gpu_memory_utilization=0.5, max_num_batched_tokens=64)):
-        monkeypatch.setattr(engine, "config", config)
-        measured = engine._num_kv_blocks(model)
+        monkeypatch.setattr(worker, "worker_config", replace(worker.worker_config, config=config))
+        measured = worker.determine_num_kv_blocks()
         assert measured == num_kv_blocks_for(engine.arch, gpu, config, "float32")
         assert measured < config.gpu_memory_utilization * total // per_block(engine)
 
 
 def test_a_pool_bigger_than_the_free_device_memory_is_refused(engine, monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**6, 2 * 10**9))
-    monkeypatch.setattr(engine, "device", torch.device("cuda"))
+    worker = engine.model_executor.driver_worker
+    monkeypatch.setattr(worker, "device", torch.device("cuda"))
     with pytest.raises(ValueError, match="lower gpu_memory_utilization"):
-        engine._num_kv_blocks(engine.runner.model)
+        worker.determine_num_kv_blocks()

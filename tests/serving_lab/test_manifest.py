@@ -77,7 +77,8 @@ def test_the_shipped_manifest_builds_the_engine_config_it_describes():
     assert manifest.metrics == list(get_args(MetricName)) == list(MANIFEST_METRICS)
     assert manifest.llm_kwargs() == {"model": None, "config": manifest.engine_config(),  # None: the default model
                                      "dtype": "float32", "quantization": None,  # the float32 reference
-                                     "kv_cache_dtype": "auto", "enforce_eager": True}  # null: the engine's eager
+                                     "kv_cache_dtype": "auto", "enforce_eager": True,  # null: the engine's eager
+                                     "tensor_parallel_size": 1}
 
 
 def test_numerics_reach_the_engine_the_simulator_and_vllm(tmp_path, capsys):
@@ -177,9 +178,16 @@ def test_a_bad_manifest_fails_with_one_error_naming_the_key(tmp_path, change, ex
 
 def test_values_the_engine_cannot_honour_name_their_key_and_the_simulator_prices_them():
     manifest = load_manifest(EXAMPLE_MANIFEST, {"engine.tensor_parallel_size": 4})
-    with pytest.raises(ManifestError, match=r"engine\.tensor_parallel_size: .*allowed: 1, got 4"):
+    with pytest.raises(ManifestError, match=r"engine\.tensor_parallel_size: 4 does not split the model's 9 "
+                                            r"attention heads, 3 KV heads .*allowed: 1, 3; override with"):
         manifest.llm_kwargs()
     assert Simulator(hardware="h100-sxm", **manifest.simulator_kwargs()).tensor_parallel_size == 4
+    tp3 = load_manifest(EXAMPLE_MANIFEST, {"engine.tensor_parallel_size": 3})
+    assert tp3.llm_kwargs()["tensor_parallel_size"] == 3  # SmolLM2's 9 heads and 3 KV heads over 3 ranks
+    with pytest.raises(ManifestError, match="measured runs run the engine in one process; got 3"):
+        tp3.measured_llm_kwargs()
+    with pytest.raises(ManifestError, match=r"engine\.tensor_parallel_size: int8 projections run on one rank"):
+        load_manifest(EXAMPLE_MANIFEST, {"engine.tensor_parallel_size": 3, "engine.quantization": "int8"}).llm_kwargs()
     with pytest.raises(ManifestError, match=r"engine\.model: .*'llama-3.1-8b' is none of them"):
         load_manifest(EXAMPLE_MANIFEST, {"engine.model": "llama-3.1-8b"}).llm_kwargs()  # dims only: no weights
     with pytest.raises(ManifestError, match=r"engine\.model: the simulator does not know 'no/such-model'"):

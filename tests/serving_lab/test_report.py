@@ -114,11 +114,11 @@ def test_before_and_after_must_share_the_numerics(tmp_path):
 
 
 def test_a_manifest_the_engine_cannot_run_is_named(tmp_path):
-    text = AFTER.read_text().replace("tensor_parallel_size: 1", "tensor_parallel_size: 2")
-    (tmp_path / "tp2.yaml").write_text(text)
-    with pytest.raises(ManifestError, match="engine.tensor_parallel_size: the reference engine runs on one device"):
-        report.run_report(BEFORE, tmp_path / "tp2.yaml", WORKLOAD, hardware="local-cpu")
-    assert report.run_report(BEFORE, tmp_path / "tp2.yaml", WORKLOAD, hardware="local-cpu", measure=False)
+    text = AFTER.read_text().replace("tensor_parallel_size: 1", "tensor_parallel_size: 3")
+    (tmp_path / "tp3.yaml").write_text(text)
+    with pytest.raises(ManifestError, match="engine.tensor_parallel_size: measured runs run the engine in one process"):
+        report.run_report(BEFORE, tmp_path / "tp3.yaml", WORKLOAD, hardware="local-cpu")
+    assert report.run_report(BEFORE, tmp_path / "tp3.yaml", WORKLOAD, hardware="local-cpu", measure=False)
 
 
 @pytest.mark.slow

@@ -166,6 +166,8 @@ def build_server(args: argparse.Namespace, config: EngineConfig | None = None) -
     knobs: dict[str, Any] = {"config": config} if config is not None else {
         name: getattr(args, name) for name in ("max_model_len", "max_num_seqs", "scheduling_policy")
         if getattr(args, name, None) is not None}
+    if getattr(args, "tensor_parallel_size", None) is not None:  # a ParallelConfig knob: the engine takes it too
+        knobs["tensor_parallel_size"] = args.tensor_parallel_size
     if key_file is not None:
         scheduling_policy = config.scheduling_policy if config is not None else knobs.get("scheduling_policy", "fcfs")
         knobs |= tenant_knobs(policies, scheduling_policy)

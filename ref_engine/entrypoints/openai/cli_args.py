@@ -36,6 +36,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="what the KV cache stores K/V in (default: auto, the model's dtype)")
     parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
                         help="run the model eagerly (the default); --no-enforce-eager compiles it at start")
+    parser.add_argument("--tensor-parallel-size", type=int, default=argparse.SUPPRESS,
+                        help="worker processes the model is split over (default: 1, in the engine's process)")
     parser.add_argument("--max-model-len", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--max-num-seqs", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--scheduling-policy", default=None, choices=["fcfs", "priority", "fair"])

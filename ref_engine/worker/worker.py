@@ -1,0 +1,141 @@
+"""`Worker`: one tensor-parallel rank of the engine: its device, its share of the model, its KV cache, its runner.
+
+vLLM's worker, cut to what one rank needs. An executor (ref_engine/executor/) drives every worker through the
+same calls, in the engine's process (`UniProcExecutor`) or in a process of its own (`MultiprocExecutor`):
+
+1. `init_device`: join the engine's process group above degree 1 (ref_engine/distributed/);
+2. `load_model`: its share of the weights (ref_engine/model/linear.py). A worker process loads the model file
+   itself and keeps its slice; the worker in the engine's process takes the engine's own model;
+3. `determine_num_kv_blocks`: the KV pool it can hold, by the core's rule (core/kv_sizing.py), from its own
+   device memory, its own weights and its share of the KV heads; the executor takes the smallest over the
+   ranks (vLLM does the same), which is what the scheduler hands out;
+4. `initialize_cache`: allocate that pool and build its `ModelRunner` (compiling the model if asked);
+5. `execute_model`, every step: each rank runs the whole batch on its heads; rank 0 also runs the LM head.
+
+Lesson: lessons/06-architecture-map.md#the-boxes
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from core.config import EngineConfig, ParallelConfig
+from core.interfaces import SchedulerOutput
+from core.kv_sizing import num_kv_blocks
+from ref_engine.distributed.parallel_state import (
+    destroy_distributed_environment,
+    get_tp_group,
+    init_distributed_environment,
+    rank_device,
+)
+from ref_engine.model.loader import LoadedModel, load_model
+from ref_engine.runner import ModelOutput, ModelRunner
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What every rank builds its share from. Picklable: it crosses into the worker processes."""
+
+    model_path: Path | None  # the checkpoint a worker process loads (None: in-process only, given the model)
+    dtype: torch.dtype  # the weights'
+    quantization: str | None
+    kv_cache_dtype: torch.dtype
+    config: EngineConfig  # settled for the model (`for_model`)
+    parallel_config: ParallelConfig
+    device: torch.device  # the engine's: rank r of a CUDA engine runs on cuda:r (`rank_device`)
+    enforce_eager: bool = True
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What a worker reports once its model is loaded."""
+
+    rank: int
+    pid: int
+    model_id: str
+    weights_digest: str
+    weight_bytes: int  # its share, as loaded
+    num_threads: int  # torch's intra-op threads in its process
+
+
+@dataclass
+class WorkerOutput:
+    """One rank's answer to a step."""
+
+    model_output: ModelOutput  # rank 0's holds the logits; the other ranks' logits are None
+    all_reduce_s: float = 0.0  # wall time inside this step's all-reduces (`GroupCoordinator`)
+    num_all_reduces: int = 0
+
+
+class Worker:
+    def __init__(self, rank: int, worker_config: WorkerConfig, distributed_init_method: str | None = None,
+                 model: LoadedModel | None = None) -> None:
+        """`distributed_init_method`: where the ranks meet (above degree 1); `model`: the engine's loaded
+        model, for a worker in the engine's process (else `load_model` loads `worker_config.model_path`)."""
+        self.rank = rank
+        self.worker_config = worker_config
+        self.tp_size = worker_config.parallel_config.tensor_parallel_size
+        self.device = rank_device(worker_config.device, rank)
+        self.distributed_init_method = distributed_init_method
+        self.loaded = model
+        self.model_runner: ModelRunner | None = None
+
+    def init_device(self) -> None:
+        if self.tp_size > 1:
+            init_distributed_environment(self.rank, self.tp_size, self.distributed_init_method, self.device)
+
+    def load_model(self) -> WorkerInfo:
+        if self.loaded is None:
+            c = self.worker_config
+            self.loaded = load_model(c.model_path, c.dtype, self.device, c.quantization, tp_rank=self.rank,
+                                     tp_size=self.tp_size)
+        return WorkerInfo(self.rank, os.getpid(), self.loaded.model_id, self.loaded.weights_digest,
+                          parameter_bytes(self.loaded.model), torch.get_num_threads())
+
+    def determine_num_kv_blocks(self) -> int:
+        """This rank's KV pool by the core's rule (`kv_sizing.num_kv_blocks`), from what torch measures here:
+        on a GPU its memory and this rank's weights; a CPU has no device memory to profile."""
+        config, arch = self.worker_config.config, self.loaded.arch
+        per_block = arch.kv_bytes_per_block(config.block_size, self.worker_config.kv_cache_dtype.itemsize,
+                                            self.tp_size)
+        free = device_memory = None
+        if self.device.type == "cuda":
+            free, device_memory = torch.cuda.mem_get_info(self.device)
+        dtype_bytes = next(self.loaded.model.parameters()).dtype.itemsize
+        blocks = num_kv_blocks(
+            config, per_block, device_memory=device_memory, weight_bytes=parameter_bytes(self.loaded.model),
+            activation_bytes=arch.peak_activation_bytes(config.max_num_batched_tokens, config.max_num_seqs,
+                                                        dtype_bytes),
+            model=self.loaded.model_id)
+        if free is not None and blocks * per_block > free:  # other processes hold part of the device
+            raise ValueError(f"a KV pool of {blocks} blocks needs {blocks * per_block / 2**30:.2f} GiB, but only "
+                             f"{free / 2**30:.2f} GiB of {self.device} are free; lower gpu_memory_utilization "
+                             "or set kv_cache_memory or num_kv_blocks")
+        return blocks
+
+    def initialize_cache(self, num_kv_blocks: int, num_swap_blocks: int) -> int:
+        """Allocate the KV pool (and its host pool for swapping) and build the runner; returns the pool's bytes."""
+        c = self.worker_config
+        self.model_runner = ModelRunner(
+            self.loaded.model, self.loaded.arch, num_kv_blocks=num_kv_blocks, num_swap_blocks=num_swap_blocks,
+            block_size=c.config.block_size, dtype=c.kv_cache_dtype, device=self.device,
+            enforce_eager=c.enforce_eager, tensor_parallel_size=self.tp_size, compute_logits=self.rank == 0)
+        return sum(t.numel() * t.element_size() for t in self.model_runner.kv_caches)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> WorkerOutput:
+        model_output = self.model_runner.execute_model(scheduler_output)
+        if self.tp_size == 1:
+            return WorkerOutput(model_output)
+        return WorkerOutput(model_output, *get_tp_group().take_all_reduce_stats())
+
+    def shutdown(self) -> None:
+        destroy_distributed_environment()
+
+
+def parameter_bytes(model: torch.nn.Module) -> int:
+    """Bytes the model's weights take on its device, as loaded (a tied embedding counts once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
