@@ -61,7 +61,7 @@ from core.config import EngineConfig
 from core.math_utils import cdiv
 from core.metrics import RunMetrics, StepRecord
 from core.workload import Workload
-from serving_lab.collectives import cpu_cores, fit_allreduce, measure_allreduce
+from serving_lab.collectives import fit_allreduce, measure_allreduce
 from sim.cost_model import ROOFLINE_FEATURE_NAMES, ROOFLINE_UNKNOWNS, BatchShape, CostModel
 from sim.hardware import HardwareProfile
 
@@ -253,12 +253,15 @@ def measure_copy_bandwidth(num_bytes: int = 256 << 20, repeats: int = 5) -> floa
 
 def with_measured_allreduce(profile: HardwareProfile, world_sizes: Sequence[int] = ALLREDUCE_WORLD_SIZES,
                             cores: int | None = None) -> HardwareProfile:
-    """`profile` (a CPU's) with this machine's tensor-parallel terms: `cores` (None: `cpu_cores()`), `threads`
+    """`profile` (a CPU's) with this machine's tensor-parallel terms: `cores` (None: the engine's `cpu_cores()`), `threads`
     (the threads it was measured on, from its provenance), and the gloo all-reduce measured among each of
     `world_sizes` processes, fitted (`measured_allreduce`; the interconnect terms get the 2-process fit, a
     point-to-point exchange of the buffer, which pipeline stages and KV transfers between ranks price).
     `world_sizes=()` measures nothing."""
-    cores = cores or cpu_cores()
+    if cores is None:
+        from ref_engine.distributed.parallel_state import cpu_cores
+
+        cores = cpu_cores()
     measured = measure_allreduce(world_sizes, cores=cores) if world_sizes else {}
     fits = [fit_allreduce(timings) for timings in measured.values()]
     pair = next((fit for fit in fits if fit.world_size == 2), None)

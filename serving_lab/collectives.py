@@ -23,7 +23,6 @@ Lesson: lessons/07-tuning-knobs.md#parallelism
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -79,14 +78,14 @@ def activation_sizes(arch: ArchConfig, token_counts: Sequence[int], element_byte
     return [tokens * arch.hidden_size * element_bytes for tokens in token_counts]
 
 
-def cpu_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask where the OS has one, as `nproc` counts)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def worker_threads(world_size: int, cores: int | None = None) -> int:
-    """Torch threads the engine gives each of `world_size` ranks on `cores` cores (None: `cpu_cores()`)."""
-    return max(1, (cores or cpu_cores()) // world_size)
+    """Torch threads the engine gives each of `world_size` ranks on `cores` cores (None: this process's,
+    `ref_engine.distributed.parallel_state.cpu_cores`, which the engine's workers count by)."""
+    if cores is None:
+        from ref_engine.distributed.parallel_state import cpu_cores  # torch: only where processes are spawned
+
+        cores = cpu_cores()
+    return max(1, cores // world_size)
 
 
 def fit_allreduce(timings: Sequence[AllReduceTiming]) -> AllReduceFit:

@@ -27,7 +27,10 @@ What a profile holds, and why these numbers and no others
                             here is priced by its own measurement instead of interconnect_*
     cores, threads          a CPU's (0 on a GPU, where each tensor-parallel rank has a device of its own): the
                             machine's cores, which the tp ranks share, and the torch threads the rates above were
-                            measured on. See `tensor_parallel_rounds`, `tensor_parallel_rate`, `lm_head_rate`
+                            measured on. See `tensor_parallel_sharing`, `tensor_parallel_rate`, `lm_head_rate`
+    scheduler_slice_s       a CPU's: how long the OS lets a busy process keep a core while another waits for it
+                            (serving_lab/time_slice.py measures it). Tensor-parallel ranks that do not all fit the
+                            cores take turns on stretches of work shorter than it (`tensor_parallel_rounds`)
     network_*               link between machines (InfiniBand/Ethernet): KV transfer in PD disaggregation
 
 Achievable fractions. A datasheet gives peaks that real kernels never reach, so a profile also carries
@@ -111,6 +114,7 @@ class HardwareProfile:
     measured_allreduce: dict[int, list[float]] = field(default_factory=dict)
     cores: int = 0  # a CPU's cores, shared by its tensor-parallel ranks; 0 = a device per rank (a GPU)
     threads: int = 0  # torch threads a CPU's rates were measured on; 0 on a GPU
+    scheduler_slice_s: float = 0.0  # a CPU's: how long a busy process keeps a core another one waits for
     # Attention FLOPs run at this fraction of the peak of the attention dtype (masking, softmax and gathers
     # make attention slower than a plain matmul); fitted on the built-in GPUs and by calibration.
     attention_efficiency: float = 1.0
@@ -152,7 +156,7 @@ class HardwareProfile:
         for knob in ("step_overhead_s", "per_seq_overhead_s", "per_token_overhead_s",
                      "per_block_overhead_s", "interconnect_bandwidth", "interconnect_latency_s",
                      "network_bandwidth", "network_latency_s", "memory_bytes", "weight_packing_passes",
-                     "host_link_bandwidth", "cores", "threads"):
+                     "host_link_bandwidth", "cores", "threads", "scheduler_slice_s"):
             if getattr(self, knob) < 0:
                 raise ValueError(f"profile {self.name!r}: {knob} must be >= 0, got {getattr(self, knob)}")
         if (self.cores == 0) != (self.threads == 0):
@@ -198,35 +202,40 @@ class HardwareProfile:
             raise ValueError(f"profile {self.name!r} has no interconnect; cannot price tp={tp}")
         return self.interconnect_latency_s, self.allreduce_bandwidth
 
-    def tensor_parallel_rounds(self, tp: int) -> int:
-        """How many turns `tp` ranks take between two all-reduces: 1 on GPUs, and on a CPU whose cores hold
-        them all at once. The ranks run in lockstep (an all-reduce after every attention and every MLP), so
-        where only some fit (3 one-thread ranks on 2 cores) the rest run after them while the first wait in
-        the collective, holding their cores (gloo polls): ceil(tp / ranks that fit). Measured on the 2-core VM
-        with 60 short matmuls between 1-row all-reduces per rank: 3.5 ms an iteration among 2 processes (the
-        matmul 2.8 + the all-reduce alone 0.6), 7.4 among 3 (benchmarks/RESULTS.md, "Tensor parallelism on
-        this CPU")."""
+    def tensor_parallel_sharing(self, tp: int) -> float:
+        """How many ranks share each core's time: 1 on GPUs, and on a CPU whose cores hold all `tp` ranks
+        (max(1, cores // tp) threads each, the engine's workers); else tp / (ranks that fit), as the OS
+        shares the cores out fairly (3 one-thread ranks on 2 cores: 1.5)."""
         if tp < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {tp}")
         if not self.cores or tp == 1:
+            return 1.0
+        return max(1.0, tp / self._ranks_at_once(tp))
+
+    def tensor_parallel_rounds(self, tp: int) -> int:
+        """How many turns `tp` ranks take to each run a stretch of work shorter than a time slice: 1 where the
+        cores hold them all, else ceil(tp / ranks that fit). The ranks run in lockstep (an all-reduce after
+        every attention and every MLP), and a stretch shorter than `scheduler_slice_s` runs whole, so 3
+        one-thread ranks on 2 cores take 2 turns where fair sharing would take 1.5; the first wait in the
+        collective, holding their cores (gloo polls)."""
+        if self.tensor_parallel_sharing(tp) == 1.0:
             return 1
-        at_once = max(1, self.cores // self._rank_threads(tp))
-        return -(-tp // at_once)
+        return -(-tp // self._ranks_at_once(tp))
 
     def tensor_parallel_rate(self, tp: int) -> float:
         """How many times this profile's FLOP/s and bandwidth the decoder layers of `tp` ranks reach together.
 
         On GPUs, tp: each rank has a device of its own. On a CPU (`cores` set) the ranks share the machine:
-        each has 1/tp of the work and max(1, cores // tp) threads (the engine's workers) against the `threads`
-        the rates were measured on, and they take `tensor_parallel_rounds` turns: tp * rank threads /
-        (threads * rounds). One rank is the engine as measured (1.0). On a 2-core machine measured on 2
-        threads, 1.0 at tp 2 and 4 (TP splits the work but not the cores) and 0.75 at tp 3."""
-        rounds = self.tensor_parallel_rounds(tp)
+        each has 1/tp of the work on max(1, cores // tp) threads (the engine's workers) against the `threads`
+        the rates were measured on, and shares its core's time (`tensor_parallel_sharing`): tp * rank threads
+        / (threads * sharing). One rank is the engine as measured (1.0). On a 2-core machine measured on 2
+        threads, 1.0 at every tp: tensor parallelism splits the work but not the cores."""
+        sharing = self.tensor_parallel_sharing(tp)  # validates tp
         if not self.cores:
             return float(tp)
         if tp == 1:
             return 1.0
-        return tp * self._rank_threads(tp) / (self.threads * rounds)
+        return tp * self._rank_threads(tp) / (self.threads * sharing)
 
     def lm_head_rate(self, tp: int) -> float:
         """How many times this profile's FLOP/s and bandwidth the LM head of `tp` ranks reaches: like the layers
@@ -240,6 +249,10 @@ class HardwareProfile:
     def _rank_threads(self, tp: int) -> int:
         """Torch threads each of a CPU's `tp` ranks runs (the engine's workers: max(1, cores // tp))."""
         return max(1, self.cores // tp)
+
+    def _ranks_at_once(self, tp: int) -> int:
+        """How many of a CPU's `tp` ranks its cores run at once."""
+        return max(1, self.cores // self._rank_threads(tp))
 
     @property
     def effective_bandwidth(self) -> float:

@@ -95,7 +95,7 @@ def test_quiet_calibration_is_saved_with_its_provenance(saved, tiny):
 
 
 def test_a_cpu_profile_carries_the_machines_cores_and_all_reduce(saved, tiny):
-    from serving_lab.collectives import cpu_cores
+    from ref_engine.distributed.parallel_state import cpu_cores
     from sim.cost_model import BatchShape, CostModel
 
     assert saved.cores == cpu_cores() and saved.threads == saved.provenance["threads"]
