@@ -6,6 +6,7 @@ set, side by side in one run.
     python benchmarks/engine_speed.py --kernels     # only the projection kernels, ~1 min
     python benchmarks/engine_speed.py --paths int8,int4 --no-transformers   # some paths (float32 is always
                                                                               # measured: the reference)
+    python benchmarks/engine_speed.py --llama-cpp /path/to/venv/bin/python   # adds llama.cpp's single stream
 
 (Not with OMP_WAIT_POLICY=PASSIVE, unlike the other benchmarks: a decode step runs hundreds of small
 operators, and threads that sleep between them cost single-stream decode up to 2x on the course machine.)
@@ -13,6 +14,8 @@ operators, and threads that sleep between them cost single-stream decode up to 2
 - single stream: one prompt of 128 tokens, 128 output tokens (EOS ignored), greedy, output tok/s;
 - batch 8 and 32: 8 or 32 such requests at once, output tok/s (continuous batching, all decode together);
 - transformers `generate()` (float32 and bfloat16) on the same GGUF weights, the same two shapes;
+- `--llama-cpp PYTHON`: llama.cpp in process (llama-cpp-python, installed in another environment, never a
+  dependency of this project) on the same GGUF, single stream (benchmarks/llama_cpp_speed.py);
 - quality: `serving_lab.eval_set.compare_quality` against float32 (greedy agreement, mean KL);
 - `--kernels`: the projection kernels alone (float32, float32 through MKL's prepacked weights as inductor's
   `freezing` compiles it, the engine's int8 `Int8Linear` and int4 `Int4Linear`, both weight-only with
@@ -26,8 +29,11 @@ from __future__ import annotations
 
 import argparse
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -122,6 +128,8 @@ def main() -> None:
     parser.add_argument("--paths", default=",".join(PATHS),
                         help=f"the numeric paths to measure, of {', '.join(PATHS)} (float32 always: the reference)")
     parser.add_argument("--no-transformers", action="store_true", help="leave out transformers' generate()")
+    parser.add_argument("--llama-cpp", metavar="PYTHON",
+                        help="a Python with llama-cpp-python installed: add llama.cpp's single stream on the same GGUF")
     args = parser.parse_args()
     chosen = ["float32", *(p for p in args.paths.split(",") if p != "float32")]
     if unknown := [p for p in chosen if p not in PATHS]:
@@ -156,11 +164,23 @@ def main() -> None:
         quality = (f"{qualities[path].agreement:.3f} | {qualities[path].mean_kl:.5f}" if path in qualities
                    else "reference | reference")
         print(f"| engine, {name} | {speeds} | {quality} |", flush=True)
-    if args.no_transformers:
-        return
-    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        speeds = " | ".join(f"{transformers_tok_s(dtype, batch):.1f}" for batch in BATCHES)
-        print(f"| transformers generate, {name} | {speeds} |  |  |", flush=True)
+    if not args.no_transformers:
+        for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+            speeds = " | ".join(f"{transformers_tok_s(dtype, batch):.1f}" for batch in BATCHES)
+            print(f"| transformers generate, {name} | {speeds} |  |  |", flush=True)
+    if args.llama_cpp:
+        print(f"| llama.cpp in process, Q4_1 GGUF | {llama_cpp_tok_s(args.llama_cpp)} |  |  |  |  |", flush=True)
+
+
+def llama_cpp_tok_s(python: str) -> str:
+    """llama.cpp's single-stream output tok/s on the default GGUF, run by `python` (another environment)."""
+    script = Path(__file__).with_name("llama_cpp_speed.py")
+    result = subprocess.run([python, str(script), str(default_model_path()), "--threads",
+                             str(torch.get_num_threads()), "--prompt-len", str(PROMPT_LEN), "--output-len",
+                             str(OUTPUT_LEN)], capture_output=True, text=True)
+    if result.returncode:
+        sys.exit(f"--llama-cpp: {python} {script.name} failed:\n{result.stderr.strip()}")
+    return result.stdout.strip()
 
 
 if __name__ == "__main__":

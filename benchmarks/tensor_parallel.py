@@ -79,7 +79,7 @@ def main() -> None:
             rows = [(f"decode {batch}", *decode_steps(engine, batch, args.steps)) for batch in args.batches]
             rows.append((f"prefill {PREFILL_TOKENS}", *prefill(engine, args.prefills)))
         finally:
-            engine.model_executor.shutdown()
+            engine.shutdown()
         for what, wall, reduce in rows:
             print(f"| {name} | {what} | {wall * 1e3:.1f} | {reduce * 1e3:.1f} | {reduce / wall:.0%} |", flush=True)
 

@@ -2,7 +2,7 @@
 
 from core.config import EngineConfig, ParallelConfig
 from core.fair import FairRequestQueue, FairScheduler
-from core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
+from core.interfaces import ScheduledRequest, SchedulerInterface, SchedulerOutput, SchedulerStats, StepResult
 from core.metrics import RunMetrics, StepRecord, relative_error
 from core.priority import PriorityRequestQueue, PriorityScheduler
 from core.request import Request, RequestStatus
@@ -13,8 +13,9 @@ from core.workload import Exponential, Workload, WorkloadRequest
 
 __all__ = [
     "SCHEDULERS", "SCHEDULING_POLICIES", "EngineConfig", "Exponential", "FCFSRequestQueue", "FairRequestQueue", "FairScheduler",
-    "KeyedRequestQueue", "ParallelConfig", "PriorityRequestQueue", "PriorityScheduler", "Request", "RequestQueue", "RequestStatus",
-    "RunMetrics", "ScheduledRequest", "Scheduler", "SchedulerOutput", "StaticScheduler", "StepPlan",
-    "StepRecord", "StepResult", "Workload", "WorkloadRequest", "make_scheduler", "register_scheduler",
+    "KeyedRequestQueue", "ParallelConfig", "PriorityRequestQueue", "PriorityScheduler", "Request", "RequestQueue",
+    "RequestStatus", "RunMetrics", "ScheduledRequest", "Scheduler", "SchedulerInterface", "SchedulerOutput",
+    "SchedulerStats", "StaticScheduler", "StepPlan", "StepRecord", "StepResult", "Workload", "WorkloadRequest",
+    "make_scheduler", "register_scheduler",
     "relative_error",
 ]

@@ -60,6 +60,7 @@ class BlockPool:
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks  # compared on a hit
         self.block_owner: list[str | None] = [None] * num_blocks  # the label a cached block was registered under
         self.dropped: set[int] = set()  # blocks in use that a reset took out of the cache
+        self.num_evictions = 0  # cached blocks whose contents an allocation evicted, so far (for live views)
         self.explainable = explainable
         # An ordered set of the hashes evicted last (the oldest forgotten first).
         self.evicted: OrderedDict[BlockHash, None] = OrderedDict()
@@ -91,6 +92,7 @@ class BlockPool:
             b, _ = self._free.popitem(last=False)
             if self.block_hash[b] is not None:
                 self._uncache(b)
+                self.num_evictions += 1
             self.ref_cnt[b] = 1
             blocks.append(b)
         return blocks

@@ -77,7 +77,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9  # share of the device memory for weights, activations and KV pool
     kv_cache_memory: int | None = None  # bytes for the KV pool; overrides gpu_memory_utilization
     num_kv_blocks: int | None = None  # exact pool size; overrides kv_cache_memory
-    num_swap_blocks: int | None = None  # host pool for preemption_mode="swap" (None: as many as the device pool)
+    swap_space: float = 4  # GiB of host memory for preemption_mode="swap" (vLLM's knob and default)
+    num_swap_blocks: int | None = None  # exact host pool in blocks; overrides swap_space (core/kv_sizing.py)
     enable_chunked_prefill: bool = True
     preemption_mode: PreemptionMode = "recompute"
     scheduling: str = "continuous"  # a policy registered in SCHEDULERS: "continuous", "static" or a plug-in
@@ -119,6 +120,9 @@ class EngineConfig:
         if self.num_swap_blocks is not None and (not isinstance(self.num_swap_blocks, int)
                                                  or self.num_swap_blocks < 0):
             raise ValueError(f"num_swap_blocks must be a non-negative integer or None, got {self.num_swap_blocks!r}")
+        if isinstance(self.swap_space, bool) or not isinstance(self.swap_space, (int, float)) or not (
+                0 <= self.swap_space < math.inf):
+            raise ValueError(f"swap_space must be a non-negative number of GiB, got {self.swap_space!r}")
         _check_choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
         _check_choice("scheduling", self.scheduling, tuple(SCHEDULERS))
         _check_choice("kv_allocation", self.kv_allocation, ("paged", "contiguous", "contiguous_exact"))

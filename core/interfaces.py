@@ -4,6 +4,10 @@
 scheduler needs back. Both are plain data: the real runner turns a `SchedulerOutput` into tensors, the
 simulator turns it into a `BatchShape` for the cost model, and neither can tell who made it.
 
+`SchedulerInterface` is the whole of what the engine may call on a scheduler, so every policy (a subclass
+of `Scheduler`) is reached the same way and no caller reads its queues or its KV cache manager;
+`SchedulerStats` is what it reports about itself (the gauges of a server's /metrics, a pool left clean).
+
 Lesson: lessons/06-architecture-map.md (the boxes and the arrows between them).
 """
 
@@ -11,6 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from core.kv_cache_manager import PrefixCacheExplanation
+    from core.request import Request, RequestStatus
 
 
 @dataclass(slots=True)  # not frozen: the simulator builds millions of these, and frozen init is slow
@@ -82,3 +91,68 @@ class StepResult:
     followed by one token of the target's own (so 1 .. num_draft_tokens + 1)."""
 
     sampled_token_ids: dict[str, list[int]]
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """The scheduler now (vLLM's name): its queues and pool, and its preemptions since it was built.
+    The preemption counts are running totals, so a reader that missed a snapshot misses nothing."""
+
+    num_running_reqs: int
+    num_waiting_reqs: int  # waiting or swapped out
+    num_kv_blocks: int
+    num_free_blocks: int  # evictable prefix-cache blocks count as free
+    num_preemptions: int = 0  # preemption events
+    num_preempted_reqs: int = 0  # requests preempted at least once
+    num_waiting_preempted_reqs: int = 0  # requests waiting (or swapped out) to resume after a preemption
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return self.num_running_reqs + self.num_waiting_reqs
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of KV blocks in use (vLLM's `kv_cache_usage`)."""
+        return 1 - self.num_free_blocks / self.num_kv_blocks if self.num_kv_blocks else 0.0
+
+
+class SchedulerInterface(Protocol):
+    """What `LLMEngine` calls on its scheduler, and nothing else (`Scheduler` and every policy satisfy it)."""
+
+    num_swap_blocks: int  # the host pool's size, for the runner's swap space
+
+    def add_request(self, request: Request) -> None: ...
+
+    def add_remote_prefilled_request(self, request: Request, num_external_tokens: int,
+                                     now: float) -> list[int] | None: ...
+
+    def schedule(self, now: float) -> SchedulerOutput: ...
+
+    def update_from_output(self, output: SchedulerOutput, result: StepResult, now: float) -> list[Request]: ...
+
+    def finish_request(self, request_id: str, status: RequestStatus, now: float, *,
+                       num_output_tokens: int | None = None) -> Request | None: ...
+
+    def abort_request(self, request_id: str, now: float = 0.0) -> Request | None: ...
+
+    def get_request(self, request_id: str) -> Request | None: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def get_num_unfinished_requests(self) -> int: ...
+
+    def unfinished_request_ids(self) -> list[str]: ...
+
+    def running_request_ids(self) -> list[str]: ...
+
+    def make_stats(self) -> SchedulerStats: ...
+
+    def explain_prefix(self, request: Request) -> PrefixCacheExplanation: ...
+
+    def take_prefix_cache_explanation(self, request_id: str) -> PrefixCacheExplanation | None: ...
+
+    def reset_prefix_cache(self, tenant: str | None = None) -> int: ...
+
+    def requests_to_speculate(self) -> list[tuple[Request, int]]: ...
+
+    def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None: ...

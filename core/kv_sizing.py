@@ -19,9 +19,12 @@ Lesson: lessons/02-paged-attention.md (the pool is what the weights leave).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from core.config import EngineConfig
 
 CPU_KV_CACHE_MEMORY = 1 << 30  # bytes of KV pool on a CPU when no size is configured
+MAX_SWAP_SHARE = 0.7  # the largest share of the host's memory that swap_space may take
 
 
 def num_kv_blocks(config: EngineConfig, bytes_per_block: int, *, device_memory: float | None = None,
@@ -59,3 +62,19 @@ def num_kv_blocks(config: EngineConfig, bytes_per_block: int, *, device_memory: 
             f"activations, {max(free, 0) / 1e9:.2f} GB are left: not one KV block of {model} "
             f"({bytes_per_block} bytes) fits")
     return int(free // bytes_per_block)
+
+
+def with_swap_pool(config: EngineConfig, bytes_per_block: int, *, host_memory: int | None = None) -> EngineConfig:
+    """`config` with its host pool settled in `num_swap_blocks` when `preemption_mode="swap"` (unchanged
+    otherwise): `num_swap_blocks` if set, else `swap_space` GiB in whole blocks. With `host_memory` (bytes;
+    the engine measures it, the simulator has none), a pool over `MAX_SWAP_SHARE` of it is a ValueError."""
+    if config.preemption_mode != "swap":
+        return config
+    swap_bytes = (config.swap_space * 2**30 if config.num_swap_blocks is None
+                  else config.num_swap_blocks * bytes_per_block)
+    if host_memory is not None and swap_bytes > MAX_SWAP_SHARE * host_memory:
+        raise ValueError(f"a host swap pool of {swap_bytes / 2**30:.1f} GiB is more than {MAX_SWAP_SHARE:.0%} of "
+                         f"this host's {host_memory / 2**30:.1f} GiB; lower swap_space (or num_swap_blocks)")
+    if config.num_swap_blocks is not None:
+        return config
+    return replace(config, num_swap_blocks=int(swap_bytes // bytes_per_block))

@@ -50,8 +50,10 @@ stay allocated and are overwritten by later tokens. `requests_to_speculate` says
 how many), so the engine's proposers and the simulator's follow one rule.
 
 Everything is plain Python with no clock and no tensors: callers pass `now`, so the real engine (wall
-clock) and the simulator (SimPy clock) drive the very same objects, through the methods below and nothing
-else (`get_request`, `finish_request`, `update_draft_token_ids`, `take_prefix_cache_explanation`, ...).
+clock) and the simulator (SimPy clock) drive the very same objects, through the methods of
+`SchedulerInterface` (core/interfaces.py) and nothing else: no caller reads the queues or the KV cache
+manager. `make_stats` reports the queues, the pool and the preemptions (running totals, kept here as
+requests are preempted and resume).
 
 Lesson: lessons/01-continuous-batching.md; preemption in lessons/02-paged-attention.md; cache lookups in
 lessons/04-prefix-caching.md; speculation in lessons/05-speculative-decoding.md; prefill budgets in
@@ -66,7 +68,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from core.config import EngineConfig
-from core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
+from core.interfaces import ScheduledRequest, SchedulerOutput, SchedulerStats, StepResult
 from core.kv_cache_manager import KVCacheManager, PrefixCacheExplanation
 from core.request import Request, RequestStatus
 from core.request_queue import FCFSRequestQueue, RequestQueue
@@ -111,10 +113,8 @@ class Scheduler:
         self.prefill_budget_tokens = config.prefill_budget_tokens or budget
         self.decode_batch_max_tokens = config.decode_batch_max_tokens or budget
         self.max_num_partial_prefills = config.max_num_partial_prefills or config.max_num_seqs
-        if config.preemption_mode == "swap":
-            num_swap = num_kv_blocks if config.num_swap_blocks is None else config.num_swap_blocks
-        else:
-            num_swap = 0
+        # the host pool: settled from swap_space by kv_sizing.with_swap_pool (unset: none, recompute instead)
+        num_swap = (config.num_swap_blocks or 0) if config.preemption_mode == "swap" else 0
         self.num_swap_blocks = num_swap  # the host pool's size, for the executor's swap space
         self.kv_cache_manager = KVCacheManager(
             config.block_size, num_kv_blocks, num_swap_blocks=num_swap,
@@ -126,7 +126,9 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self.tenant_max_num_seqs = dict(config.tenant_max_num_seqs or ())
         self.num_running_by_tenant: Counter[str] = Counter()  # by `Request.tenant_key`; no zero entries
-        self.num_preemptions = 0
+        self.num_preemptions = 0  # preemption events
+        self.num_preempted_reqs = 0  # requests preempted at least once
+        self.num_waiting_preempted_reqs = 0  # of those, the ones waiting (or swapped out) to resume
         self.num_steps = 0
 
     # ---- requests in and out ----
@@ -221,6 +223,8 @@ class Scheduler:
             self.leave_running(request)
         else:
             self.waiting.remove_request(request)
+            if request.num_preemptions:
+                self.num_waiting_preempted_reqs -= 1
         if num_output_tokens is not None:
             del request.output_token_ids[num_output_tokens:], request.token_times[num_output_tokens:]
             request.first_token_time = request.token_times[0] if request.token_times else None
@@ -237,6 +241,13 @@ class Scheduler:
         """Requests waiting or running (what a least-loaded router compares)."""
         return len(self.requests)
 
+    def unfinished_request_ids(self) -> list[str]:
+        return list(self.requests)
+
+    def running_request_ids(self) -> list[str]:
+        """The running requests' ids, in admission order."""
+        return [request.request_id for request in self.running]
+
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
@@ -244,6 +255,17 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self.running)
+
+    def make_stats(self) -> SchedulerStats:
+        """Queues, pool and preemption totals now."""
+        pool = self.kv_cache_manager.block_pool
+        return SchedulerStats(len(self.running), len(self.waiting), pool.num_blocks, pool.num_free_blocks,
+                              self.num_preemptions, self.num_preempted_reqs, self.num_waiting_preempted_reqs)
+
+    def explain_prefix(self, request: Request) -> PrefixCacheExplanation:
+        """How far the prefix cache would serve `request`'s prompt right now, and why the next block would
+        miss; changes nothing (`KVCacheManager.explain_prefix`)."""
+        return self.kv_cache_manager.explain_prefix(request)
 
     def take_prefix_cache_explanation(self, request_id: str) -> PrefixCacheExplanation | None:
         """Why the request's prompt hit the prefix cache as far as it did, as of its (last) admission; None
@@ -368,6 +390,8 @@ class Scheduler:
         request.num_computed_tokens += num_cached_tokens
         if request.num_cached_tokens is None:
             request.num_cached_tokens = num_cached_tokens
+        if request.num_preemptions:
+            self.num_waiting_preempted_reqs -= 1
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         self.num_running_by_tenant[request.tenant_key] += 1
@@ -379,8 +403,11 @@ class Scheduler:
         """Take a running request off the device and put it back at the head of the waiting queue: swapped
         to the host pool if `preemption_mode="swap"` and the host pool has room, else to be recomputed."""
         self.leave_running(request)
+        if not request.num_preemptions:
+            self.num_preempted_reqs += 1
         request.num_preemptions += 1
         self.num_preemptions += 1
+        self.num_waiting_preempted_reqs += 1
         plan.preempted.append(request.request_id)
         self.waiting.prepend_request(request)
         if self.config.preemption_mode == "swap":

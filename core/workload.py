@@ -11,7 +11,8 @@ process of `rate` requests per second.
 
 For prefix caching, a request can start with a prefix drawn from a shared *prefix group*: one seeded token
 stream per group, so every request of a group (and of later workloads with the same seed: chat turns)
-begins with the same tokens.
+begins with the same tokens. A request can also open with the workload's *system prompt*, one seeded stream
+shared by every request that has one, before its group's tokens (`chat`: a system prompt, then the history).
 
 Workloads of several senders are built by tagging each (`with_tenant`, `with_priority`) and adding them:
 `a + b` holds the requests of both in arrival order; or one stream is shared out among tenants in fixed
@@ -66,8 +67,9 @@ class WorkloadRequest:
     prompt_token_ids: tuple[int, ...] | None = None
     tenant: str | None = None
     cache_salt: str | None = None
-    prefix_group: int | None = None  # the first `prefix_len` prompt tokens come from this group's stream
+    prefix_group: int | None = None  # `prefix_len` prompt tokens (after the system prompt) from this group's stream
     prefix_len: int = 0
+    system_len: int = 0  # the first `system_len` prompt tokens: the system prompt, one stream for all requests
     priority: int = 0  # scheduling_policy="priority": lower runs first
 
 
@@ -145,6 +147,32 @@ class Workload:
             rounds.append(cls(reqs, seed, f"chat-turn-{k + 1}"))
         return rounds
 
+    @classmethod
+    def chat(cls, num_conversations: int, num_turns: int, system_len: int, user_len: int, output_len: int,
+             arrival: str | float = "all", seed: int = 0, name: str = "chat") -> Workload:
+        """A chat service's shape in one stream: every conversation opens with the same `system_len`-token
+        system prompt, and turn k's prompt is the system prompt plus the whole history (k earlier messages of
+        `user_len` tokens and replies of `output_len`) plus a new message, so prefix caching can hit the system
+        prompt across conversations and the earlier turns within one. Requests go turn by turn (every
+        conversation's first turn, then every second, ...), all at time 0 or at `arrival` requests/s; a turn
+        that arrives before its previous turn was prefilled finds no history cached, as in vLLM.
+        The history's replies are the replay's tokens, not what the model generated: a turn hits the cache
+        on the previous turn's prompt, while a real client re-sending the model's reply would hit on it too."""
+        counts = {"num_conversations": num_conversations, "num_turns": num_turns, "user_len": user_len,
+                  "output_len": output_len}
+        if any(not isinstance(n, int) or n < 1 for n in counts.values()) or not isinstance(system_len, int) \
+                or system_len < 0:
+            raise ValueError(f"chat needs system_len >= 0 and the rest >= 1, got system_len={system_len}, "
+                             + ", ".join(f"{k}={v}" for k, v in counts.items()))
+        rng = random.Random(seed)
+        times = iter(_arrival_times(num_conversations * num_turns, arrival, rng))
+        reqs = []
+        for k in range(num_turns):
+            history = k * (user_len + output_len) + user_len  # k messages and replies, then the new message
+            reqs += [WorkloadRequest(next(times), system_len + history, output_len, prefix_group=c,
+                                     prefix_len=history, system_len=system_len) for c in range(num_conversations)]
+        return cls(tuple(reqs), seed, name)
+
     def with_tenant(self, tenant: str | None, cache_salt: str | None = None) -> Workload:
         """The same requests, all sent by `tenant` with `cache_salt` (the prefix cache isolates both)."""
         return replace(self, requests=tuple(replace(r, tenant=tenant, cache_salt=cache_salt)
@@ -187,6 +215,8 @@ class Workload:
         low = min(100, vocab_size // 2)
         streams: dict[int, list[int]] = {}
         prefix_seed = self.seed if self.prefix_seed is None else self.prefix_seed
+        system_len = max((w.system_len for w in self.requests), default=0)
+        system = random.Random(f"{prefix_seed}:system").choices(range(low, vocab_size), k=system_len)
         for w in self.requests:
             if w.prefix_group is not None and w.prefix_len > len(streams.get(w.prefix_group, ())):
                 # a group's stream comes from its own seed, so it is the same in every workload (chat turns)
@@ -197,7 +227,7 @@ class Workload:
             if w.prompt_token_ids is not None:
                 ids = list(w.prompt_token_ids)
             else:
-                prefix = streams.get(w.prefix_group, [])[:w.prefix_len]
+                prefix = system[:w.system_len] + streams.get(w.prefix_group, [])[:w.prefix_len]
                 ids = prefix + rng.choices(range(low, vocab_size), k=w.prompt_len - len(prefix))
             out.append(Request(request_id=str(i), prompt_token_ids=ids, max_tokens=w.output_len,
                                arrival_time=w.arrival_time, eos_token_ids=eos_token_ids, ignore_eos=True,

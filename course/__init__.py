@@ -49,19 +49,19 @@ class Demo:
 
 DEMOS: dict[str, Demo] = {demo.name: demo for demo in (
     Demo("batching", "lessons/01-continuous-batching.md#continuous-batching",
-         "static vs continuous batching: output throughput as output lengths spread"),
+         "static vs continuous batching: output throughput as output lengths spread, slots busy per step"),
     Demo("paging", "lessons/02-paged-attention.md#reservation-waste",
          "contiguous vs paged KV allocation in one pool: requests per step, throughput"),
     Demo("scheduler", "lessons/03-chunked-prefill-and-disaggregation.md#the-stall",
          "the prefill stall: a long prompt unchunked vs chunked under a token budget"),
     Demo("prefix", "lessons/04-prefix-caching.md#ttft-and-throughput",
-         "a shared system prompt with prefix caching off vs on: TTFT and hits"),
+         "a shared system prompt with prefix caching off vs on: TTFT and hits; the same prompt from another tenant"),
     Demo("speculation", "lessons/05-speculative-decoding.md#acceptance-and-speedup",
          "prompt-lookup (n-gram) speculation on a copy task: speed-up and accepted tokens"),
     Demo("serve", "lessons/06-architecture-map.md#one-request-traced",
          "the OpenAI-compatible server traced: one request and a burst, engine core vs simulator"),
     Demo("tuning", "lessons/07-tuning-knobs.md#trusting-the-sweep",
-         "a max_num_seqs sweep on the engine and in the simulator: does the simulator rank it right"),
+         "a max_num_seqs sweep, engine and simulator: does the simulator rank it right; what two SLOs pick"),
 )}
 
 

@@ -6,16 +6,21 @@ between tenants, colocated vs disaggregated serving on a simulated GPU cluster, 
   token budget, the decodes keep getting a token every step. Rows per budget and side with the decodes'
   median and largest inter-token gap and the long prompt's TTFT; `timelines` gives the per-token times.
 - `budget_dial`: TTFT against ITL (p50, p99) over token budgets, on both sides; arrivals all at once, so
-  the step composition is decided by the core alone and identical on both sides.
+  the step composition is decided by the core alone and identical on both sides. Rows say how many steps
+  handed out first tokens, and how far the simulator priced the steps with prompt tokens, and the
+  decode-only ones, from the measured time of the same steps: where a TTFT error comes from.
 - `capacity_vs_budget`: simulated only, a GPU profile: the highest Poisson rate that keeps p99 ITL within
   an SLO and the median queueing delay under a bound (Sarathi-Serve's definition of capacity), per budget.
 - `tenant_fairness`: a flooding tenant and a light one under "fcfs", "priority" and "fair"; per-tenant
   service over time (`service_curves`), the light tenant's TTFT, Jain's index, throughput.
 - `colocated_vs_disaggregated`: simulated `Cluster` goodput under TTFT and TPOT SLOs (DistServe, OSDI'24),
-  for colocated replicas and xP+yD on the same number of GPUs, over a rate sweep and a KV-link sweep.
-- `disaggregation_vs_simulated`: token prompts served through `DisaggregatedLLM` (a prefill and a decode
-  engine process, the shared-memory KV connector); the KV link of that very run is fitted (`KVLink.fit`:
-  seconds = latency + bytes / bandwidth over its requests), then the same workload is simulated on a
+  for colocated replicas (one arm per configuration: without chunked prefill, and with it under a token
+  budget) and xP+yD on the same number of GPUs, over a rate sweep; `kv_link_sweep` sweeps the KV link.
+- `colocated_vs_simulated`: the colocated arm on this machine, engine and simulator side by side: token
+  prompts at once on one engine with chunked prefill under a token budget, the baseline for the next.
+- `disaggregation_vs_simulated`: the same token prompts served through `DisaggregatedLLM` (a prefill and a
+  decode engine process, the shared-memory KV connector); the KV link of that very run is fitted
+  (`KVLink.fit`: seconds = latency + bytes / bandwidth over its requests), then the same workload is simulated on a
   `Cluster` with one prefill and one decode replica joined by that link. The rows compare mean TTFT and
   ITL, beside the measured prefill / transfer / decode split. The fitted link is this machine's shared
   memory plus the router's relay of a small message, so it is fast next to a real network; the simulated
@@ -32,7 +37,7 @@ lessons/03-chunked-prefill-and-disaggregation.md#disaggregation
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean, linear_regression, median, quantiles
@@ -123,20 +128,43 @@ def budget_dial(budgets: Sequence[int], sides: Sides, *, num_requests: int = 6, 
     = budget with chunked prefill. A small budget interleaves small prompt chunks with the decodes (smooth
     ITL, late first tokens); a big one prefills several prompts in one long step that the decodes already
     running wait for (early first tokens, an ITL spike). All arrive at time 0, so the core decides the very
-    same steps on both sides: simulated rows carry `same_policy`."""
+    same steps on both sides: simulated rows carry `same_policy`.
+
+    Rows add `max_step_tokens` and `first_token_steps` (how many distinct steps produced the prompts' first
+    tokens: a big budget finishes several prompts in one step, so they share one first-token time), and on
+    simulated rows, beside the `*_err_pct` of the latency columns, `prefill_steps_err_pct` and
+    `decode_steps_err_pct`: the simulated time of the steps that carry prompt tokens, and of the decode-only
+    steps, against the measured time of the very same steps. They say where a TTFT error comes from."""
     workload = Workload.synthetic(num_requests, prompt_len, output_len, seed=seed, name="dial")
     jobs = [Job(workload, EngineConfig(max_num_batched_tokens=b), {"budget": b}) for b in budgets]
     rows = paired_rows(jobs, sides)
     previous: dict[str, Any] | None = None
     for row in rows:
+        m: RunMetrics = row["metrics"]
+        row.update(max_step_tokens=max(s.num_tokens for s in m.steps),
+                   first_token_steps=len({r.first_token_time for r in m.requests}))
         if row["side"] == "measured":
             previous = row
             continue
         if previous is not None and previous["budget"] == row["budget"]:
-            row["same_policy"] = same_policy(previous["metrics"], row["metrics"])
+            row["same_policy"] = same_policy(previous["metrics"], m)
             for key in ("p99_itl_ms", "median_itl_ms", "p99_ttft_ms"):
                 row[f"{key}_err_pct"] = relative_error(row[key], previous[key])
+            if row["same_policy"]:
+                row.update(_step_errors(previous["metrics"], m))
     return rows
+
+
+def _step_errors(measured: RunMetrics, simulated: RunMetrics) -> dict[str, float]:
+    """The simulated time of the steps with prompt tokens and of the decode-only steps, each summed, against
+    the measured time of the same steps (the runs made the same steps: `same_policy`)."""
+    sums = {"prefill": [0.0, 0.0], "decode": [0.0, 0.0]}
+    for ms, ss in zip(measured.steps, simulated.steps):
+        kind = "prefill" if max(ms.query_lens) > 1 else "decode"
+        sums[kind][0] += ms.duration
+        sums[kind][1] += ss.duration
+    return {f"{kind}_steps_err_pct": relative_error(sim, meas)
+            for kind, (meas, sim) in sums.items() if meas > 0}
 
 
 def capacity_vs_budget(budgets: Sequence[int | None], sides: Sides, rates: Sequence[float], *,
@@ -224,34 +252,41 @@ def weighted_service_ratio(metrics: RunMetrics, a: str, b: str) -> float:
     return served[b] / served[a]
 
 
-def colocated_vs_disaggregated(sides: Sides, rates: Sequence[float], *, layouts: Sequence[tuple[int, int]] = ((1, 1),),
-                               num_gpus: int = 2, ttft_slo_ms: float = 400.0, tpot_slo_ms: float = 40.0,
-                               num_requests: int = 200, prompt_len: Any = 512, output_len: Any = 64,
+def colocated_vs_disaggregated(sides: Sides, rates: Sequence[float], *,
+                               colocated: Mapping[str, EngineConfig] | None = None,
+                               layouts: Sequence[tuple[int, int]] = ((1, 1),), num_gpus: int = 2,
+                               ttft_slo_ms: float = 400.0, tpot_slo_ms: float = 40.0, num_requests: int = 200,
+                               prompt_len: Any = 512, output_len: Any = 64,
                                kv_link_bandwidth: float | None = None, config: EngineConfig | None = None,
                                seed: int = 0) -> list[dict[str, Any]]:
-    """Simulated: `num_gpus` colocated replicas vs each (x prefill, y decode) layout with x + y = num_gpus,
-    at each Poisson rate. Rows: layout, rate, goodput (requests/s completed within both SLOs, DistServe's
-    definition), `goodput_per_gpu`, SLO attainment, p90 TTFT and mean TPOT. DistServe's Fig 1 workload is
-    512-token prompts and 64-token outputs."""
+    """Simulated: `num_gpus` colocated replicas for each named configuration in `colocated` (default: one arm,
+    "colocated", running `config`), against each (x prefill, y decode) layout whose replicas run `config`,
+    at each Poisson rate. The colocated arms are the baselines worth comparing: without chunked prefill (what
+    DistServe compared against) and with it under a token budget (what a colocated deployment runs today).
+    Rows: layout, rate, gpus, goodput (requests/s completed within both SLOs, DistServe's definition),
+    `goodput_per_gpu`, SLO attainment, p90 TTFT, mean TPOT, p99 ITL and output throughput. DistServe's
+    Fig 1 workload is 512-token prompts and 64-token outputs."""
     config = config or EngineConfig(max_num_batched_tokens=2048, max_num_seqs=256)
+    colocated = colocated or {"colocated": config}
     rows = []
     for rate in rates:
         workload = Workload.synthetic(num_requests, prompt_len, output_len, arrival=rate, seed=seed)
-        setups = [("colocated", Cluster(sides.simulated_arch(), sides.hardware, config, num_replicas=num_gpus,
-                                        router="least_loaded", dtype=sides.dtype))]
-        for x, y in layouts:
-            setups.append((f"{x}P+{y}D", Cluster(sides.simulated_arch(), sides.hardware, config,
+        setups = [(name, num_gpus, Cluster(sides.simulated_arch(), sides.hardware, arm, num_replicas=num_gpus,
+                                           router="least_loaded", dtype=sides.dtype))
+                  for name, arm in colocated.items()]
+        setups += [(f"{x}P+{y}D", x + y, Cluster(sides.simulated_arch(), sides.hardware, config,
                                                  num_prefill_replicas=x, num_decode_replicas=y,
                                                  router="least_loaded", kv_link_bandwidth=kv_link_bandwidth,
-                                                 dtype=sides.dtype)))
-        for name, cluster in setups:
+                                                 dtype=sides.dtype))
+                   for x, y in layouts]
+        for name, gpus, cluster in setups:
             m = cluster.run(workload)
-            gpus = num_gpus if name == "colocated" else sum(int(p[:-1]) for p in name.split("+"))
             goodput = m.goodput(ttft_slo_ms, tpot_slo_ms)
             rows.append({"layout": name, "rate": rate, "gpus": gpus, "goodput": goodput,
-                         "goodput_per_gpu": goodput / gpus, "slo_attainment": m.slo_attainment(ttft_slo_ms, tpot_slo_ms),
+                         "goodput_per_gpu": goodput / gpus,
+                         "slo_attainment": m.slo_attainment(ttft_slo_ms, tpot_slo_ms),
                          "p90_ttft_ms": m.p90_ttft_ms, "mean_tpot_ms": m.mean_tpot_ms,
-                         "output_throughput": m.output_throughput})
+                         "p99_itl_ms": m.p99_itl_ms, "output_throughput": m.output_throughput})
     return rows
 
 
@@ -308,6 +343,22 @@ class KVLink:
         return cls(sum(num_bytes) / sum(seconds), 0.0)
 
 
+def colocated_vs_simulated(prompts: list[list[int]], sides: Sides, *, budget: int = 256, output_len: int = 16
+                           ) -> list[dict[str, Any]]:
+    """[measured row, simulated row] for `prompts` (token ids, all arriving at once, `output_len` tokens each)
+    on one colocated engine with chunked prefill under a token budget of `budget`: the baseline a 1P+1D pair
+    has to beat, on the same prompts as `disaggregation_vs_simulated`. On this machine the one engine has
+    every core, which the pair's two processes split. Rows are labelled `layout` and carry the pairing's
+    `*_err_pct` columns; the simulated row adds `same_policy` (arrivals at once: the same steps)."""
+    workload = Workload.from_token_ids(prompts, output_len)
+    job = Job(workload, EngineConfig(max_num_batched_tokens=budget),
+              {"layout": f"colocated, chunked {budget}"})
+    rows = paired_rows([job], sides)
+    if len(rows) == 2:
+        rows[1]["same_policy"] = same_policy(rows[0]["metrics"], rows[1]["metrics"])
+    return rows
+
+
 def disaggregation_vs_simulated(prompts: list[list[int]], sides: Sides, *, model: str | Path | None = None,
                                 output_len: int = 16, config: EngineConfig | None = None,
                                 dtype: str = "float32") -> list[dict[str, Any]]:
@@ -330,7 +381,8 @@ def disaggregation_vs_simulated(prompts: list[list[int]], sides: Sides, *, model
                       dtype=sides.dtype or dtype)
     simulated = cluster.run(Workload.from_token_ids(prompts, output_len))
     cost_model = cluster.simulator.cost_model
-    labels = {"kv_link_gb_per_s": link.bandwidth / 1e9, "kv_link_latency_ms": link.latency_s * 1000}
+    labels = {"layout": "1P+1D", "kv_link_gb_per_s": link.bandwidth / 1e9,
+              "kv_link_latency_ms": link.latency_s * 1000}
     measured = {**labels, "side": "measured",
                 "mean_ttft_ms": 1000 * fmean(t.ttft_s for t in timings),
                 "mean_itl_ms": 1000 * fmean(gap for t in timings for gap in t.itl_s),

@@ -83,8 +83,9 @@ def side_by_side(rows: Iterable[dict[str, Any]], labels: Sequence[str], metrics:
                  ) -> list[dict[str, Any]]:
     """An experiment's (measured, simulated) row pairs as one row per pair and metric: the labels, the
     metric, both numbers, the simulator's error (0 where they are equal, zeros included: the counts the core
-    decides) and, when the measured row has it, its `slowdown`."""
-    return [{**{k: m[k] for k in labels}, "metric": metric, "measured": m[metric], "simulated": s[metric],
+    decides) and, when the measured row has it, its `slowdown`. A label a row lacks is None (a blank cell):
+    experiments with different labels can share one table."""
+    return [{**{k: m.get(k) for k in labels}, "metric": metric, "measured": m[metric], "simulated": s[metric],
              "simulated_err_pct": 0.0 if s[metric] == m[metric] else relative_error(s[metric], m[metric]),
              **({"slowdown": m["slowdown"]} if "slowdown" in m else {})}
             for m, s in pairs(rows) for metric in metrics]
@@ -110,7 +111,7 @@ def plot_comparison(comparison: list[dict[str, Any]], labels: Sequence[str], tit
         x = range(len(rows))
         ax.bar([i - 0.2 for i in x], [r["measured"] for r in rows], 0.4, label="measured (engine)")
         ax.bar([i + 0.2 for i in x], [r["simulated"] for r in rows], 0.4, label="simulated")
-        ax.set_xticks(list(x), ["\n".join(f"{r[k]}" for k in labels) for r in rows], fontsize=7)
+        ax.set_xticks(list(x), ["\n".join(f"{r[k]}" for k in labels if r[k] is not None) for r in rows], fontsize=7)
         ax.set_xlabel(", ".join(labels), fontsize=7)
         ax.set_title(metric, fontsize=9)
         ax.legend(fontsize=7)

@@ -163,21 +163,36 @@ DEMO_PRESETS = {
     "full": dict(prefix_lens=(0, 128, 256), repeats=2, requests_per_group=4, suffix_len=32, output_len=4),
     "fast": dict(prefix_lens=(0, 32), repeats=1, requests_per_group=2, suffix_len=8, output_len=2, num_kv_blocks=32),
 }
+TENANT_PRESETS = {  # the side-channel beat: one prompt of a shared prefix, sent after tenant A warmed it
+    "full": dict(prefix_len=256, suffix_len=16, output_len=8),  # notebook 04's fast-mode tenant run
+    "fast": dict(prefix_len=64, suffix_len=8, output_len=2, num_kv_blocks=32),
+}
 GPU_PREFIX_LENS = (0, 512, 1024, 2048)
 GPU_TTFT = dict(requests_per_group=16, suffix_len=50, output_len=64, num_kv_blocks=8192)  # as notebook 04's
+GPU_TENANT = dict(prefix_len=2048, suffix_len=50, output_len=64, num_kv_blocks=8192)
 
 
 def demo(context: DemoContext) -> DemoReport:
     """Requests sharing a system prompt, with prefix caching off and on, after one warm-up
     request (`shared_prefix_ttft`). The core decides the hits, so both sides hit the same tokens; with the cache
-    warm, TTFT stops growing with the prefix. Then the same on a simulated H100 with the papers' prefix lengths."""
+    warm, TTFT stops growing with the prefix. Then the side channel (`tenant_isolation`): after tenant A's
+    request, the same prompt from A hits, from tenant B (or from A with a `cache_salt`) it is cold, because the
+    isolation key is in every block's hash. Last, the same on a simulated H100 with the papers' prefix lengths."""
     p = dict(context.preset(DEMO_PRESETS))
-    rows = shared_prefix_ttft(p.pop("prefix_lens"), context.sides(p.pop("repeats")), **p)
+    sides = context.sides(p.pop("repeats"))
+    rows = shared_prefix_ttft(p.pop("prefix_lens"), sides, **p)
+    tenant = context.preset(TENANT_PRESETS)
+    tenants = tenant_isolation(sides, **tenant)
+    for row in tenants:  # placed in the table beside the shared-prefix rows: a warm cache, one prompt
+        row.update(prefix_len=tenant["prefix_len"], caching=True)
     gpu = {(r["prefix_len"], r["caching"]): r for r in shared_prefix_ttft(GPU_PREFIX_LENS, GPU, **GPU_TTFT)}
-    labels = ("prefix_len", "caching")
-    comparison = side_by_side(rows, labels, ("mean_ttft_ms", "prefix_cache_hits"))
+    gpu_tenants = {r["sender"]: r for r in tenant_isolation(GPU, **GPU_TENANT)}
+    labels = ("prefix_len", "caching", "sender")
+    comparison = (side_by_side(rows, labels, ("mean_ttft_ms", "prefix_cache_hits"))
+                  + side_by_side(tenants, labels, ("mean_ttft_ms", "prefix_cache_hits")))
     figure, (what_if,) = plot_comparison(comparison, labels, f"{p['requests_per_group']} requests sharing a system "
-                                         "prompt, prefix caching off vs on (hits: decided by the core)")
+                                         "prompt, prefix caching off vs on; then one prompt from tenant A, B and A "
+                                         "salted (hits: decided by the core)")
     for caching in (False, True):
         what_if.plot(GPU_PREFIX_LENS, [gpu[(n, caching)]["mean_ttft_ms"] for n in GPU_PREFIX_LENS], "o-",
                      label=f"caching {'on' if caching else 'off'}")
@@ -185,9 +200,16 @@ def demo(context: DemoContext) -> DemoReport:
     what_if.legend(fontsize=7)
     longest = GPU_PREFIX_LENS[-1]
     cold, warm = gpu[(longest, False)], gpu[(longest, True)]
+    measured = {r["sender"]: r for r in tenants if r["side"] == "measured"}
     return DemoReport(comparison, labels, figure, notes=[
+        f"side channel: after tenant A's request, the same {tenant['prefix_len']}-token prefix from "
+        + ", ".join(f"{who}: TTFT {measured[who]['mean_ttft_ms']:.0f} ms measured, "
+                    f"{measured[who]['prefix_cache_hits']} tokens hit" for who in measured)
+        + " (B and the salted prompt are cold: the tenant and the salt are in every block's hash, so B cannot "
+          "time A's prompts)",
         f"GPU what-if, {gpu_name()}: a warm {longest}-token prefix cuts mean TTFT {cold['mean_ttft_ms']:.0f} -> "
         f"{warm['mean_ttft_ms']:.0f} ms and raises output throughput "
         f"{warm['output_throughput'] / cold['output_throughput']:.2f}x "
-        f"({GPU_TTFT['requests_per_group']} requests, {GPU_TTFT['suffix_len']}-token questions)",
+        f"({GPU_TTFT['requests_per_group']} requests, {GPU_TTFT['suffix_len']}-token questions); tenant A's repeat "
+        f"{gpu_tenants['A']['mean_ttft_ms']:.0f} ms, tenant B {gpu_tenants['B']['mean_ttft_ms']:.0f} ms",
     ])

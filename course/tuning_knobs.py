@@ -64,22 +64,30 @@ def slo_picks(result: SweepResult, slos: Sequence[SLO]) -> list[dict[str, Any]]:
     return picks
 
 
+def quantized_paths_on(device: Any) -> list[str]:
+    """The weight-only paths lesson 7 measures on `device` (a torch.device): int8 and int4 run on torch's CPU
+    kernels, which refuse CUDA, where the comparison is float32 against bfloat16; int4 also needs a torch
+    with the int4 kernel."""
+    from ref_engine.model.int4 import has_int4_kernel
+
+    paths = ["int8"] if device.type == "cpu" else []
+    return paths + (["int4"] if has_int4_kernel(device) else [])
+
+
 def numerics(reference: Any, prompts: list[str], max_tokens: int, workload: Workload, config: EngineConfig,
              path: str | None = None) -> list[dict[str, Any]]:
-    """float32 (`reference`, loaded from `path`; None: the default model), bfloat16, int8 and (where torch has
-    its CPU int4 kernel) int4 weights on this CPU: the engine's measured output throughput on `workload`, and
+    """float32 (`reference`, loaded from `path`; None: the default model), bfloat16 on its device, and int8 and
+    int4 weights where they run (`quantized_paths_on`): the engine's measured output throughput on `workload`, and
     quality against float32 on `prompts` of the eval set (greedy agreement, KL in nats per token)."""
-    import torch
 
     from ref_engine import bench
-    from ref_engine.model.int4 import has_int4_kernel
     from ref_engine.model.loader import load_model, quantized
     from serving_lab.eval_set import compare_quality
 
-    variants = {"float32": reference, "bfloat16": load_model(path, dtype="bfloat16"),
-                "int8 weight-only": quantized(reference, "int8")}
-    if has_int4_kernel(torch.device("cpu")):
-        variants["int4 weight-only"] = quantized(reference, "int4")
+    device = next(reference.model.parameters()).device
+    variants = {"float32": reference, "bfloat16": load_model(path, dtype="bfloat16", device=device)}
+    for quantization in quantized_paths_on(device):
+        variants[f"{quantization} weight-only"] = quantized(reference, quantization)
     rows = []
     for (name, loaded), quality in zip(variants.items(), [None, *compare_quality(
             reference, list(variants.values())[1:], prompts, max_tokens)]):
@@ -141,7 +149,8 @@ DEMO_PRESETS = {  # notebook 07's fast CPU sweep: six requests in six, three, tw
                  gpu_grid={"max_num_seqs": [8, 32, 128, 256], "max_num_batched_tokens": [256, 1024, 4096]},
                  gpu_workload="synthetic:150:512:128:60"),
     "fast": dict(grid={"max_num_seqs": [1, 2]}, workload="synthetic:2:8:2", repeats=1,
-                 gpu_grid={"max_num_seqs": [8, 64]}, gpu_workload="synthetic:24:128:16:60"),
+                 gpu_grid={"max_num_seqs": [128], "max_num_batched_tokens": [256, 1024]},  # the full grid's picks
+                 gpu_workload="synthetic:150:512:128:60"),
 }
 SLOS = (SLO(ttft_ms=150, tpot_ms=20, label="first_token"), SLO(ttft_ms=500, tpot_ms=8.5, label="smooth"))
 
@@ -149,7 +158,8 @@ SLOS = (SLO(ttft_ms=150, tpot_ms=20, label="first_token"), SLO(ttft_ms=500, tpot
 def demo(context: DemoContext) -> DemoReport:
     """A `max_num_seqs` sweep in the simulator with every point measured on the engine too
     (`sweep`), and how well the simulator ranks the points (Spearman's rho); then a GPU sweep, where only
-    the simulator can go, and the point each SLO picks (`slo_picks`)."""
+    the simulator can go: its Pareto front, and the point each of two SLOs picks (`slo_picks`), marked on it.
+    The SLOs pull opposite ways (a fast first token against a smooth stream), so they pick different budgets."""
     p = context.preset(DEMO_PRESETS)
     result = sweep(p["grid"], p["workload"], context.profile, measure=True, loaded=context.model,
                           repeats=p["repeats"])
@@ -164,14 +174,22 @@ def demo(context: DemoContext) -> DemoReport:
         points = [r for r in gpu.simulated() if r["on_front"] == on_front]
         what_if.scatter([r["p99_itl_ms"] for r in points], [r["output_throughput"] for r in points], s=14,
                         label="Pareto front" if on_front else "dominated", **style)
-    what_if.set(xscale="log", xlabel="p99 ITL (ms)", ylabel="output tokens/s",
-                title=f"{gpu_name()}: {len(gpu.simulated())} points")
-    what_if.legend(fontsize=7)
+    picks = slo_picks(gpu, SLOS)
+    by_point = {r["point"]: r for r in gpu.simulated()}
+    knobs = list(p["gpu_grid"])
+    for pick, marker in zip(picks, ("*", "P")):
+        row = by_point[pick["best point"]]
+        what_if.scatter([row["p99_itl_ms"]], [row["output_throughput"]], s=150, marker=marker, facecolors="none",
+                        edgecolors="black", label=f"{pick['slo']} SLO picks " + "/".join(str(row[k]) for k in knobs))
+    what_if.set(xscale="log", xlabel="p99 ITL (ms)", ylabel="output tokens/s")
+    what_if.set_title(f"{gpu_name()}: {len(gpu.simulated())} points", fontsize=9)
+    what_if.legend(fontsize=6, title="/".join(knobs), title_fontsize=6)
     rho = result.agreement["rho"]
     return DemoReport(comparison, labels, figure, notes=[
         f"rank agreement (Spearman's rho of output throughput, simulated vs measured): {rho:.2f} "
         f"over {len(result.measured())} points",
         f"GPU what-if, {gpu_name()}: {p['gpu_workload']}, {len(gpu.simulated())} points; best goodput per SLO: " + "; ".join(
             f"{pick['slo']} (TTFT {pick['ttft_ms']:g} ms, TPOT {pick['tpot_ms']:g} ms): {pick['best point']}, "
-            f"{pick['goodput']:.2f} req/s" for pick in slo_picks(gpu, SLOS)),
+            f"{pick['goodput']:.2f} req/s" for pick in picks)
+        + ("" if len({pick["best point"] for pick in picks}) > 1 else " (one point: no trade-off in this grid)"),
     ])

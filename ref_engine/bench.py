@@ -31,11 +31,11 @@ def run(workload: Workload, config: EngineConfig | None = None, *,
 
 
 def run_rounds(workloads: list[Workload], config: EngineConfig | None = None, *,
-               model: str | Path | LoadedModel | None = None, dtype: str | torch.dtype = "float32"
-               ) -> list[RunMetrics]:
+               model: str | Path | LoadedModel | None = None, dtype: str | torch.dtype = "float32",
+               kv_cache_dtype: str = "auto") -> list[RunMetrics]:
     """Serve the workloads one after another on one fresh engine, so each round finds the prefix cache the
     earlier ones left (a warm-up, or the turns of a chat). Each round is measured on its own clock."""
-    engine = LLMEngine(model, dtype=dtype, config=config or EngineConfig())
+    engine = LLMEngine(model, dtype=dtype, config=config or EngineConfig(), kv_cache_dtype=kv_cache_dtype)
     return [_serve(engine, workload) for workload in workloads]
 
 

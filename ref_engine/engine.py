@@ -44,7 +44,9 @@ lessons/05-speculative-decoding.md (propose and verify); lessons/03-chunked-pref
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -55,8 +57,9 @@ import torch
 from tqdm import tqdm
 
 from core.config import EngineConfig, ParallelConfig
-from core.interfaces import ScheduledRequest, SchedulerOutput, StepResult
+from core.interfaces import ScheduledRequest, SchedulerInterface, SchedulerOutput, SchedulerStats, StepResult
 from core.kv_cache_manager import PrefixCacheExplanation
+from core.kv_sizing import with_swap_pool
 from core.math_utils import cdiv
 from core.metrics import StepRecord
 from core.request import Request, RequestStatus, is_utf8_text
@@ -68,7 +71,7 @@ from ref_engine.kv_transfer.config import KVTransferConfig
 from ref_engine.kv_transfer.connector import KVTransferParams, make_kv_connector
 from ref_engine.model.loader import LoadedModel, load_model
 from ref_engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from ref_engine.runner import ModelRunner
+from ref_engine.runner import ModelRunner, synchronize
 from ref_engine.sampler import Sampler, SamplingMetadata, make_generator
 from ref_engine.sampling_params import RequestOutputKind, SamplingParams
 from ref_engine.spec_decode import Draft, RejectionSampler, make_proposer
@@ -107,10 +110,13 @@ class _RequestState:
     stop_text_end: int | None = None  # where a stop string cut the text
     draft_probs: torch.Tensor | None = None  # q of the draft tokens the request carries (None: point masses)
     kv_transfer_params: KVTransferParams | None = None  # a producer's saved KV of the prompt
+    kv_load_s: float = 0.0  # a consumer's seconds loading the K/V a producer saved
     detokenizer: IncrementalDetokenizer | None = None  # a streamed (DELTA) request's text sent so far
 
 
 class LLMEngine:
+    scheduler: SchedulerInterface  # the core's scheduler, reached through its declared methods only
+
     def __init__(self, model: str | Path | LoadedModel | None = None, *, dtype: str | torch.dtype = "float32",
                  device: str | torch.device | None = None, config: EngineConfig | None = None,
                  kv_transfer_config: KVTransferConfig | None = None, quantization: str | None = None,
@@ -123,8 +129,8 @@ class LLMEngine:
         `enforce_eager`: True (the default: on the course CPU compiling did not pay, benchmarks/RESULTS.md)
         runs the model eagerly; False compiles its forward at start (ref_engine/model/compile.py).
         `knobs`: `EngineConfig`'s and `ParallelConfig`'s (`tensor_parallel_size=2` runs the model on two worker
-        processes, ref_engine/executor/; the workers stop with `model_executor.shutdown()`, or when the engine
-        is collected or its process exits)."""
+        processes, ref_engine/executor/; the workers stop with `shutdown()`, or when the engine is collected or
+        its process exits)."""
         parallel_config = ParallelConfig(**{f.name: knobs.pop(f.name) for f in fields(ParallelConfig)
                                             if f.name in knobs})
         if kv_transfer_config is not None and parallel_config.distributed_executor_backend != "uni":
@@ -153,6 +159,9 @@ class LLMEngine:
         self.config = self.config.for_model(self.arch.max_position_embeddings)
         self.dtype = next(loaded.model.parameters()).dtype
         self.kv_cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, self.dtype)
+        # the host pool for swapping (`swap_space`: GiB over all ranks), settled before the workers see the config
+        block_bytes = self.arch.kv_bytes_per_block(self.config.block_size, self.kv_cache_dtype.itemsize)
+        self.config = with_swap_pool(self.config, block_bytes, host_memory=host_memory_bytes())
         self.parallel_config = parallel_config
         self.model_executor = make_executor(WorkerConfig(
             loaded.path, self.dtype, loaded.quantization, self.kv_cache_dtype, self.config, parallel_config,
@@ -173,13 +182,15 @@ class LLMEngine:
         self.kv_connector = make_kv_connector(kv_transfer_config) if kv_transfer_config else None
         self._kv_producer = kv_transfer_config is not None and kv_transfer_config.is_kv_producer
         self._states: dict[str, _RequestState] = {}
+        self._shut_down = False
         self.step_records: list[StepRecord] = []
         self._t0 = time.perf_counter()
 
     @property
-    def runner(self) -> ModelRunner:
+    def runner(self) -> ModelRunner | None:
         """The model runner in the engine's process (distributed_executor_backend="uni"), whose KV cache a
-        KV connector saves from and loads into; with "mp" the runners live in the worker processes."""
+        KV connector saves from and loads into; with "mp" the runners live in the worker processes. None
+        once the engine is shut down."""
         return self.model_executor.driver_worker.model_runner
 
     # ---- clock ----
@@ -209,6 +220,7 @@ class LLMEngine:
 
     def _make_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                       arrival_time: float | None = None) -> tuple[Request, str | None]:
+        self._check_open()
         parsed = self._parse_prompt(prompt)
         request = Request(
             request_id=request_id, prompt_token_ids=parsed.token_ids, max_tokens=params.max_tokens,
@@ -222,10 +234,11 @@ class LLMEngine:
         """How many of this prompt's tokens the prefix cache would serve right now, and why the next block
         would miss (different tokens, another tenant or salt, evicted, ...). Changes nothing."""
         request, _ = self._make_request("explain", prompt, SamplingParams())
-        return self.scheduler.kv_cache_manager.explain_prefix(request)
+        return self.scheduler.explain_prefix(request)
 
     def add_workload_request(self, request: Request) -> None:
         """Queue a core `Request` built by `Workload.make_requests`: greedy, exactly `max_tokens` tokens."""
+        self._check_open()
         request.sampling_params = SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True)
         self._enqueue(request, None)
 
@@ -252,13 +265,19 @@ class LLMEngine:
         block_ids = self.scheduler.add_remote_prefilled_request(request, kv_transfer_params.num_tokens, self.now())
         if block_ids is None:
             return None
+        load_start = time.perf_counter()
         try:
             self.kv_connector.load(kv_transfer_params, self.runner.kv_caches, block_ids)
         except BaseException:
             self.scheduler.abort_request(request_id, self.now())
             raise
         self._add_state(request, text)
+        self._states[request_id].kv_load_s = time.perf_counter() - load_start
         return request
+
+    def _check_open(self) -> None:
+        if self._shut_down:
+            raise RuntimeError("this engine was shut down (shutdown()); build a new one")
 
     def _enqueue(self, request: Request, text: str | None) -> None:
         self.scheduler.add_request(request)
@@ -282,6 +301,21 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def get_request(self, request_id: str) -> Request | None:
+        """The unfinished request with this id, or None."""
+        return self.scheduler.get_request(request_id)
+
+    def unfinished_request_ids(self) -> list[str]:
+        return self.scheduler.unfinished_request_ids()
+
+    def running_request_ids(self) -> list[str]:
+        """The running batch's request ids, in admission order."""
+        return self.scheduler.running_request_ids()
+
+    def make_stats(self) -> SchedulerStats:
+        """The scheduler's queues, pool and preemption totals now (a server's gauges)."""
+        return self.scheduler.make_stats()
+
     def reset_prefix_cache(self, tenant: str | None = None) -> bool:
         """Forget the prefix cache (vLLM's name), or only the blocks `tenant`'s requests cached; never
         refused, even under load: no request hits a forgotten block from now on, and blocks still in use are
@@ -290,6 +324,19 @@ class LLMEngine:
             raise ValueError(f"tenant must be a non-empty string of valid Unicode text, got {tenant!r}")
         self.scheduler.reset_prefix_cache(tenant)
         return True
+
+    def shutdown(self) -> None:
+        """Abort what is unfinished, free the KV pools and drop the model, so that the next engine in this
+        process sizes its pool from the memory this one held: on CUDA torch's caching allocator would keep
+        it reserved, and `empty_cache` gives it back. Idempotent; the engine takes no requests afterwards."""
+        for request_id in list(self._states):
+            self.abort_request(request_id)
+        self.model_executor.shutdown()  # its workers drop their runners and models (processes: they exit)
+        self.proposer = None
+        self._shut_down = True
+        gc.collect()  # the model's modules may sit in reference cycles
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     # ---- the loop ----
 
@@ -310,6 +357,7 @@ class LLMEngine:
             self._save_kv(output)
         sampled, errors = (self._sample(output, model_output.request_ids, model_output.logits)
                            if model_output.request_ids else ({}, {}))
+        synchronize(self.device)  # the step's time is read next: it must include the device's work
         end = self.now()
         failed = [self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED, end)
                   for request_id in errors]
@@ -563,7 +611,7 @@ class LLMEngine:
             metrics = RequestMetrics(arrival_time=request.arrival_time,
                                      first_scheduled_time=request.first_scheduled_time,
                                      first_token_time=request.first_token_time, finished_time=request.finish_time,
-                                     token_times=list(request.token_times))
+                                     token_times=list(request.token_times), kv_load_s=state.kv_load_s)
         return RequestOutput(request_id=request.request_id, prompt=state.prompt,
                              prompt_token_ids=request.prompt_token_ids, outputs=[completion], finished=finished,
                              num_preemptions=request.num_preemptions,
@@ -584,8 +632,14 @@ def cache_namespace(loaded: LoadedModel, dtype: torch.dtype, kv_cache_dtype: tor
             f"|tokenizer={loaded.tokenizer.fingerprint}")
 
 
+def host_memory_bytes() -> int:
+    """This host's physical memory, which the swap pool (`swap_space`) is checked against."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 class LLM:
-    """Offline batch generation: `LLM(**knobs).generate(prompts, SamplingParams(...))`."""
+    """Offline batch generation: `LLM(**knobs).generate(prompts, SamplingParams(...))`. Close it with
+    `shutdown()` or use it as a context manager (`with LLM(...) as llm:`) before building the next one."""
 
     def __init__(self, model: str | Path | LoadedModel | None = None, *, dtype: str | torch.dtype = "float32",
                  device: str | torch.device | None = None, **knobs: Any) -> None:
@@ -595,6 +649,16 @@ class LLM:
 
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
+
+    def shutdown(self) -> None:
+        """Free the engine's KV pools and model (`LLMEngine.shutdown`)."""
+        self.llm_engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
 
     def generate(self, prompts: PromptType | list[PromptType],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,

@@ -29,6 +29,7 @@ class RequestMetrics:
     first_token_time: float | None
     finished_time: float | None
     token_times: list[float]  # when each output token was produced (inter-token latencies)
+    kv_load_s: float = 0.0  # disaggregated decode: seconds loading the K/V the prefill engine saved
 
 
 @dataclass

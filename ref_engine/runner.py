@@ -42,6 +42,14 @@ class ModelOutput:
     logits: torch.Tensor | None
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so a wall-clock reading taken next covers it: CUDA launches
+    kernels asynchronously, and a step that samples nothing would otherwise record only launch time. A
+    CPU computes in place; nothing to wait for."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, arch: ArchConfig, *, num_kv_blocks: int, num_swap_blocks: int,
                  block_size: int, dtype: torch.dtype, device: torch.device, enforce_eager: bool = True,

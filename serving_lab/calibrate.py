@@ -142,22 +142,32 @@ def grid_workloads(seed: int = 0, block_size: int = EngineConfig.block_size) -> 
 
 
 def run_grid(model: Any, seed: int = 0, repeats: int = 2, rows: Sequence[int] | None = None,
-             block_size: int = EngineConfig.block_size) -> list[list[RunMetrics]]:
+             block_size: int = EngineConfig.block_size, progress: bool = False) -> list[list[RunMetrics]]:
     """Run the grid's workloads (`rows`: which, default all) on the real engine (`model`: a `LoadedModel`),
     `repeats` passes over the whole grid; returns every run, one list per workload.
 
     Passes, not repeats back to back: a machine that slows down for a minute then slows one repeat of
     many rows, each of which keeps its other repeat (the fit takes the faster), instead of both repeats of
     the few rows it ran meanwhile. One throw-away run first, so one-time costs (allocations, first-call
-    dispatch) stay out of the fit."""
+    dispatch) stay out of the fit. `progress`: a progress bar (a calibration takes ~2 minutes)."""
     # The engine and torch are imported only where the engine runs: fitting, loading and checking profiles
     # (fidelity, the simulator's defaults) work without torch.
+    from tqdm import tqdm
+
     from ref_engine import bench
 
     runs = grid_workloads(seed, block_size)
     chosen = [runs[i] for i in (range(len(runs)) if rows is None else rows)]
-    bench.run(runs[0][1], runs[0][2], model=model)
-    passes = [[bench.run(workload, config, model=model) for _, workload, config in chosen] for _ in range(repeats)]
+    with tqdm(total=1 + repeats * len(chosen), desc=f"engine runs ({repeats} passes)", unit="run",
+              disable=not progress) as bar:
+        bench.run(runs[0][1], runs[0][2], model=model)
+        bar.update()
+        passes = []
+        for _ in range(repeats):
+            passes.append([])
+            for _, workload, config in chosen:
+                passes[-1].append(bench.run(workload, config, model=model))
+                bar.update()
     return [list(repeated) for repeated in zip(*passes)]
 
 
@@ -351,7 +361,9 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
     block_size = (config or EngineConfig()).block_size
     with torch_threads(threads):
         cpu_before = cpu_clock()
-        runs = run_grid(loaded, seed, block_size=block_size)
+        if verbose:
+            print(f"calibrating this machine: the engine runs {len(CALIBRATION_GRID)} workloads twice (~2 min)")
+        runs = run_grid(loaded, seed, block_size=block_size, progress=True)
         steadiness_fields = steadiness(runs, cpu_before, cpu_clock())
         bandwidth = measure_copy_bandwidth()
         num_threads = torch.get_num_threads()
@@ -471,6 +483,9 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32", threads: int
             or profile.provenance.get("torch") != torch.__version__
             or profile.provenance.get("fit_form") != FIT_FORM
             or profile.provenance.get("kernel") != KERNELS[quantization]):
+        print(f"calibrating this machine for {loaded.model_id} ({quantization or dtype}): the engine runs "
+              f"{len(CALIBRATION_GRID)} workloads twice (~2 min, once; the profile is saved for every notebook "
+              "and demo)")
         return calibrate(loaded, **refit)
     if device_type == "cpu" and not profile.cores:  # saved before calibration measured tensor parallelism's terms
         profile = with_measured_allreduce(profile)

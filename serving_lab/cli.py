@@ -254,6 +254,8 @@ def _simulate(args: argparse.Namespace) -> None:
     from sim.simulator import Simulator, resolve_hardware
     from sim.spec_decode import AcceptanceRate
 
+    if args.speed is not None and not args.dashboard:
+        raise ValueError("--speed sets the pace of the dashboard's replay: give --dashboard too")
     manifest = load_manifest(args.config, _overrides(args))
     workload = parse_workload(args.workload)
     speculating = manifest.optional.speculative_decoding is not None
@@ -269,7 +271,15 @@ def _simulate(args: argparse.Namespace) -> None:
         hardware = resolve_hardware(args.hardware)
         simulator = Simulator(hardware=hardware, acceptance=acceptance, **deployment)
         check_prompt_lengths(workload, simulator.config.max_model_len)
-        run = simulator.run(workload)
+        if args.dashboard:
+            from serving_lab.dashboard_replay import Replay, record_simulation, serve_replay
+
+            speed = 1.0 if args.speed is None else args.speed
+            recording = record_simulation(simulator, workload, speed, f"{manifest.service}: {simulator.arch.name} on "
+                                          f"{hardware.name}, {args.workload}, at {speed:g}x")
+            run = recording.run
+        else:
+            run = simulator.run(workload)
     print(f"{manifest.service}: {simulator.arch.name} on {hardware.name} "
           f"(tensor_parallel_size={simulator.tensor_parallel_size}), workload {args.workload}")
     if speculating and not priced:
@@ -285,6 +295,8 @@ def _simulate(args: argparse.Namespace) -> None:
         print("\n".join(_tenant_lines(run, simulator.config, manifest.api.admission.fairness)))
     if run.failed:
         raise ValueError(f"{run.failed} of {len(workload)} requests failed in the simulator")
+    if args.dashboard:
+        serve_replay(Replay(recording, speed), args.host, args.port)
 
 
 def _tenant_lines(run: RunMetrics, config: EngineConfig, fairness: str) -> list[str]:
@@ -316,6 +328,12 @@ def add_simulate_parser(subparsers: Subparsers) -> None:
     p.add_argument("--acceptance-rate", type=float, default=None,
                    help="with speculative decoding: the chance each draft token is accepted (without it the "
                    "drafts are left out of the price, and the output says so)")
+    p.add_argument("--dashboard", action="store_true",
+                   help="then replay the run on the live dashboard's page (http://HOST:PORT/dashboard) until Ctrl-C")
+    p.add_argument("--speed", type=float, default=None,
+                   help="with --dashboard: simulated seconds per second of replay (default 1)")
+    p.add_argument("--host", default="127.0.0.1", help="with --dashboard: the page's address")
+    p.add_argument("--port", type=int, default=8001, help="with --dashboard: the page's port")
     _add_override_flags(p)
     p.set_defaults(func=_simulate)
 
@@ -338,7 +356,12 @@ def _sweep(args: argparse.Namespace) -> None:
     if result.measured():
         agreement = result.agreement
         print(f"\nmeasured on the engine, {len(result.measured())} points:")
-        print(format_table(result.measured(), [*columns, "slowdown"]))
+        judged = [c for c in ("agreement", "mean_kl") if any(c in row for row in result.measured())]
+        print(format_table(result.measured(), [*columns, "prefix_cache_hit_rate", "draft_acceptance_rate", "slowdown",
+                                               *judged]))
+        if judged:
+            print("agreement, mean_kl: the point's greedy outputs and next-token distributions against float32 on "
+                  "the eval set (serving_lab/eval_set.py); blank: the float32 path itself")
         print(f"rank agreement (Spearman's rho of {agreement['metric']}, simulated vs measured): "
               f"{agreement['rho']:.2f} over {len(agreement['points'])} points")
     if args.out:

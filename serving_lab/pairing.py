@@ -45,6 +45,7 @@ class Sides:
     repeats: int = 1
     arch: ArchConfig | str | None = None
     dtype: str | None = None
+    kv_cache_dtype: str = "auto"  # what the engine's KV cache stores ("auto": the model's dtype), priced alike
 
     def simulated_arch(self) -> ArchConfig:
         """The model the simulator prices: `arch`, else the engine's model, else the default."""
@@ -53,7 +54,8 @@ class Sides:
         return resolve_model(self.arch)
 
     def simulator(self, config: EngineConfig) -> Simulator:
-        return Simulator(self.simulated_arch(), self.hardware, config, dtype=self.dtype)
+        kv_cache_dtype = None if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
+        return Simulator(self.simulated_arch(), self.hardware, config, dtype=self.dtype, kv_cache_dtype=kv_cache_dtype)
 
     def cost_model(self, block_size: int = EngineConfig.block_size) -> CostModel:
         """The step-time model the simulator of these sides uses (same model, profile and dtype)."""
@@ -201,11 +203,12 @@ class Job:
     measure: bool = True
     warmup: tuple[Workload, ...] = ()  # served first on the same engine (not measured): a warm prefix cache
 
-    def run_measured(self, model: Any) -> RunMetrics:
+    def run_measured(self, sides: Sides) -> RunMetrics:
         # The engine (torch) is imported only where a measured side needs it: simulator-only sweeps run without.
         from ref_engine import bench
 
-        return bench.run_rounds([*self.warmup, self.workload], self.config, model=model)[-1]
+        return bench.run_rounds([*self.warmup, self.workload], self.config, model=sides.model,
+                                kv_cache_dtype=sides.kv_cache_dtype)[-1]
 
     def run_simulated(self, sides: Sides) -> RunMetrics:
         return sides.simulator(self.config).run_rounds([*self.warmup, self.workload])[-1]
@@ -219,7 +222,7 @@ def measured_runs(jobs: list[Job], sides: Sides) -> dict[int, list[RunMetrics]]:
         for _ in range(sides.repeats):
             for i, job in enumerate(jobs):
                 if job.measure:
-                    runs.setdefault(i, []).append(job.run_measured(sides.model))
+                    runs.setdefault(i, []).append(job.run_measured(sides))
     return runs
 
 

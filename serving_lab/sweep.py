@@ -9,6 +9,10 @@ the simulator is what makes a dense grid affordable, and the engine points are w
 When their rankings agree (Spearman's rho near 1) the dense grid can be believed where it was not measured;
 this is how Vidur (Agrawal et al., MLSys'24) searches configurations, and why lesson 7 reports rho.
 
+Numerics are knobs too (`dtype`, `quantization`, `kv_cache_dtype`): a measured point off the float32 path
+is also judged on the eval set (agreement and KL against float32, serving_lab/eval_set.py), so one table holds
+speed and quality; the simulator leaves unpriced the paths its profile has no rate for (`Sweep.unpriced`).
+
 The front is the set of points no other point beats on every axis at once: higher output throughput, lower
 p99 inter-token latency, lower p99 TTFT. Which point on it is "best" depends on the SLO, so the sweep also
 prints goodput (requests/s within the SLO, DistServe's definition) when one is given.
@@ -36,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from core.config import EngineConfig
+from core.config import KV_CACHE_DTYPES, EngineConfig
 from core.metrics import RunMetrics
 from serving_lab.manifest import Manifest, ManifestError, naming_keys, step_token_budget
 from serving_lab.workload_spec import parse_workload
@@ -72,18 +76,22 @@ KNOBS: dict[str, Knob] = {
     "acceptance_rate": Knob("simulator", "the simulator's assumed share of accepted draft tokens (lesson 5)"),
     "dtype": Knob("simulator", "weight and activation dtype priced (lesson 1: bytes per weight)",
                   engine_values=("float32", "bfloat16")),
+    "quantization": Knob("simulator", "int8 or int4 weights (null: none), priced as the linear layers' dtype",
+                         engine_values=(None, "int8", "int4")),
     "kv_cache_dtype": Knob("simulator", "KV-cache dtype priced, e.g. fp8 with bfloat16 weights",
-                           engine_values=(None,)),
+                           engine_values=(None, *KV_CACHE_DTYPES)),
     "tensor_parallel_size": Knob("simulator", "GPUs one replica is split over (all-reduces per layer)",
                                  engine_values=(1,)),
     "pipeline_parallel_size": Knob("simulator", "pipeline stages of one replica (the bubble)", engine_values=(1,)),
 }
 
-# The metrics each row of the table carries (RunMetrics fields), the Pareto axes among them.
+# The metrics each row of the table carries (RunMetrics fields), the Pareto axes among them; the hit and
+# acceptance rates say what prefix caching and speculation found in the workload (nan: no drafts).
 TABLE_METRICS = ("output_throughput", "request_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms",
-                 "p99_itl_ms", "mean_tpot_ms", "p99_tpot_ms", "num_preemptions", "completed", "failed")
+                 "p99_itl_ms", "mean_tpot_ms", "p99_tpot_ms", "num_preemptions", "completed", "failed",
+                 "prefix_cache_hit_rate", "draft_acceptance_rate")
 MAXIMIZE = ("output_throughput",)
-# A measured point with another dtype than float32 is judged on this much of the eval set (serving_lab/eval_set.py).
+# A measured point off the float32 path is judged on this much of the eval set (serving_lab/eval_set.py).
 EVAL_PROMPTS, EVAL_TOKENS = 24, 32
 MINIMIZE = ("p99_itl_ms", "p99_ttft_ms")
 
@@ -100,6 +108,26 @@ class SLO:
     @property
     def column(self) -> str:
         return f"goodput_{self.label}" if self.label else "goodput"
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """A point's numeric path: what the linear layers compute in and what the KV cache stores. Every path
+    but the float32 reference's changes the engine's outputs, so the eval set judges it."""
+
+    dtype: str | None  # None: the simulator's choice (a calibrated profile's own), float32 on the engine
+    quantization: str | None  # None, "int8" or "int4" (weight-only)
+    kv_cache_dtype: str  # "auto": the model's dtype
+
+    @property
+    def priced_dtype(self) -> str | None:
+        """The dtype the simulator prices the linear layers in."""
+        return self.quantization or self.dtype
+
+    @property
+    def is_reference(self) -> bool:
+        return (self.dtype or "float32") == "float32" and self.quantization is None and \
+            self.kv_cache_dtype in ("auto", "float32")
 
 
 @dataclass(frozen=True)
@@ -206,7 +234,19 @@ class Sweep:
         self.base = self.manifest.simulator_kwargs()
         self._workload = parse_workload(self.workload, self.seed)
         for point in self.grid.points():  # every point's config is valid before anything runs
-            self.simulator(point)
+            if not self.unpriced(point):
+                self.simulator(point)
+
+    def unpriced(self, point: Point) -> str | None:
+        """Why the simulator leaves a point unpriced (None: it prices it): a calibrated CPU profile has the
+        rate of the one numeric path it was measured on, so a grid sweeping numerics (dtype, quantization)
+        gets blank simulated rows for the others, which the engine can still measure (speed, and quality on
+        the eval set). A manifest whose own numerics the profile cannot price is refused instead."""
+        dtype = self.numerics(point).priced_dtype
+        if dtype in (None, self.numerics(Point(())).priced_dtype) or dtype in self.hardware.peak_flops \
+                or dtype not in DTYPE_BYTES:  # an unknown dtype: `simulator` refuses it
+            return None
+        return f"profile {self.hardware.name!r} has no rate for {dtype} (it knows {', '.join(self.hardware.peak_flops)})"
 
     def spec(self) -> dict[str, Any]:
         """What identifies this sweep's results (a resumed sweep must match it)."""
@@ -224,13 +264,15 @@ class Sweep:
         if speculating and rate is None:
             raise ManifestError(f"grid point {point.id}: speculation needs an `acceptance_rate` knob "
                                 "(the simulator's assumption of the share of draft tokens accepted)")
-        given = {"dtype": self.base["dtype"], "kv_cache_dtype": self.base.get("kv_cache_dtype"),
-                 **dict(point.knobs)}  # the manifest's numerics, unless the point's
-        extra = {k: given[k] for k in ("dtype", "kv_cache_dtype") if given.get(k) is not None}
-        for name, value in extra.items():
-            if value not in DTYPE_BYTES:
+        numerics = self.numerics(point)
+        given = {"dtype": numerics.dtype, "quantization": numerics.quantization,
+                 "kv_cache_dtype": None if numerics.kv_cache_dtype == "auto" else numerics.kv_cache_dtype}
+        for name, value in given.items():
+            if value is not None and value not in DTYPE_BYTES:
                 raise ManifestError(f"grid point {point.id}: {name}: unknown dtype {value!r}; "
                                     f"known: {', '.join(DTYPE_BYTES)}")
+        extra = {k: v for k, v in (("dtype", numerics.priced_dtype), ("kv_cache_dtype", given["kv_cache_dtype"]))
+                 if v is not None}
         with naming_keys():
             try:
                 return Simulator(self.base["model"], self.hardware, config,
@@ -242,7 +284,16 @@ class Sweep:
             except ValueError as error:
                 raise ManifestError(f"grid point {point.id}: {error}") from None
 
+    def numerics(self, point: Point) -> Numerics:
+        """The point's numeric path: its knobs, else the manifest's."""
+        engine = self.manifest.engine
+        return Numerics(point.get("dtype", engine.dtype), point.get("quantization", engine.quantization),
+                        point.get("kv_cache_dtype", engine.kv_cache_dtype) or "auto")
+
     def simulate(self, point: Point) -> dict[str, Any]:
+        if reason := self.unpriced(point):
+            return {"point": point.id, **dict(point.knobs), "side": "simulated",
+                    **dict.fromkeys(TABLE_METRICS), "unpriced": reason}
         simulator = self.simulator(point)
         metrics = simulator.run(self._workload)
         return self.row(point, "simulated", metrics, num_kv_blocks=simulator.num_kv_blocks)
@@ -262,40 +313,47 @@ class Sweep:
             if allowed is not None and value not in allowed:
                 raise ManifestError(f"grid point {point.id}: the engine cannot run {name}={value!r} (it runs "
                                     f"{', '.join(map(repr, allowed))}); leave the point to the simulator")
+        numerics = self.numerics(point)
+        if numerics.quantization is not None and numerics.dtype not in (None, "float32"):
+            raise ManifestError(f"grid point {point.id}: quantization={numerics.quantization} computes in float32 "
+                                f"around its quantized products; the engine cannot run it with dtype={numerics.dtype}")
 
     def measure(self, points: Sequence[Point], repeats: int = 1, model: Any = None,
                 eval_prompts: int = EVAL_PROMPTS, eval_tokens: int = EVAL_TOKENS) -> list[dict[str, Any]]:
         """The points on the engine (each `repeats` times, interleaved, the fastest kept), as table rows with
-        the machine's `slowdown` against the profile (`pairing.machine_slowdown`). A point whose dtype (or
-        the manifest's quantization) changes the numbers is judged on the eval set too (`agreement`, `mean_kl` against float32 on the
-        first `eval_prompts` prompts, `eval_tokens` tokens each). `model`: a loaded float32 model to reuse."""
+        the machine's `slowdown` against the profile (`pairing.machine_slowdown`). A point off the float32
+        path (`Numerics`: dtype, quantization, KV-cache dtype) is judged on the eval set too (`agreement`,
+        `mean_kl` against float32 on the first `eval_prompts` prompts, `eval_tokens` tokens each), once per
+        path. `model`: a loaded float32 model to reuse."""
         from ref_engine.model.loader import load_model, quantized
         from serving_lab.calibrate import fastest_runs
         from serving_lab.eval_set import compare_quality
         from serving_lab.eval_set import eval_prompts as prompts
         from serving_lab.pairing import Job, Sides, machine_slowdown, measured_runs
 
-        engine = self.manifest.measured_llm_kwargs()  # refuses what the engine cannot run at all
+        path = self.manifest.measured_llm_kwargs()["model"]  # refuses what the engine cannot run at all
         for point in points:
             self.check_engine_can_run(point)
-        path, quantization = engine["model"], engine["quantization"]
         reference = model  # the float32 model, loaded once if needed
         rows = []
-        for dtype in dict.fromkeys(point.get("dtype", engine["dtype"]) for point in points):
-            chosen = [p for p in points if p.get("dtype", engine["dtype"]) == dtype]
+        for numerics in dict.fromkeys(map(self.numerics, points)):
+            chosen = [p for p in points if self.numerics(p) == numerics]
             reference = reference or load_model(path)
-            quality: dict[str, float] = {}
-            if dtype == "float32":  # the reference's weights, quantized in a copy if the manifest says so
-                loaded = quantized(reference, quantization) if quantization else reference
+            if numerics.dtype in (None, "float32"):  # the reference's weights, quantized in a copy if asked
+                loaded = quantized(reference, numerics.quantization) if numerics.quantization else reference
             else:
-                loaded = load_model(path, dtype=dtype, quantization=quantization)
-            if loaded is not reference:
-                judged = compare_quality(reference, [loaded], prompts(eval_prompts), eval_tokens)[0]
+                loaded = load_model(path, dtype=numerics.dtype)
+            quality: dict[str, float] = {}
+            if not numerics.is_reference:
+                judged = compare_quality(reference, [loaded], prompts(eval_prompts), eval_tokens,
+                                         kv_cache_dtype=numerics.kv_cache_dtype)[0]
                 quality = {"agreement": judged.agreement, "mean_kl": judged.mean_kl}
-            sides = Sides(model=loaded, hardware=self.hardware, repeats=repeats, arch=self.base["model"], dtype=dtype)
+            sides = Sides(model=loaded, hardware=self.hardware, repeats=repeats, arch=self.base["model"],
+                          dtype=numerics.priced_dtype or "float32", kv_cache_dtype=numerics.kv_cache_dtype)
             jobs = [Job(self._workload, p.config(self.base["config"]), {}) for p in chosen]
             for point, fastest in zip(chosen, fastest_runs(list(measured_runs(jobs, sides).values()))):
-                rows.append(self.row(point, "measured", fastest, slowdown=machine_slowdown(fastest, sides), **quality))
+                slowdown = None if self.unpriced(point) else machine_slowdown(fastest, sides)
+                rows.append(self.row(point, "measured", fastest, slowdown=slowdown, **quality))
         return rows
 
 
@@ -314,13 +372,13 @@ def pareto_front(rows: Sequence[Mapping[str, Any]], maximize: Iterable[str] = MA
 
 def rank_agreement(measured: Sequence[Mapping[str, Any]], simulated: Sequence[Mapping[str, Any]],
                    metric: str = "output_throughput") -> dict[str, Any]:
-    """Spearman's rho between the simulated and measured `metric` over the measured points, with the points
-    (rho is NaN below 3 points: two points always rank the same or opposite)."""
+    """Spearman's rho between the simulated and measured `metric` over the measured points the simulator
+    priced, with the points (rho is NaN below 3 points: two points always rank the same or opposite)."""
     from scipy.stats import spearmanr
 
     by_point = {row["point"]: row for row in simulated}
     listed = [{"point": m["point"], "measured": m[metric], "simulated": by_point[m["point"]][metric]}
-              for m in measured]
+              for m in measured if by_point[m["point"]][metric] is not None]  # unpriced points rank nowhere
     rho = math.nan
     if len(listed) >= 3:
         rho = float(spearmanr([p["measured"] for p in listed], [p["simulated"] for p in listed]).statistic)
@@ -368,7 +426,8 @@ def run_sweep(sweep: Sweep, out: str | Path | None = None, *, measure_front: boo
         if log:
             log.close()
     simulated = [done[p.id] for p in points]
-    front = [simulated[i]["point"] for i in pareto_front(simulated)]
+    priced = [row for row in simulated if "unpriced" not in row]
+    front = [priced[i]["point"] for i in pareto_front(priced)]
     for row in simulated:
         row["on_front"] = row["point"] in front
     chosen = list(sweep.grid.measure)

@@ -1,4 +1,5 @@
-"""Workloads named on the command line: `synthetic:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE][,tenants=MIX]`.
+"""Workloads named on the command line: `synthetic:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE][,tenants=MIX]`
+and `chat:...` (below).
 
 One short string, so `serving-lab simulate`, `sweep` and `report` need no file for the common case:
 NUM_REQUESTS requests of PROMPT_LEN prompt tokens that each generate OUTPUT_LEN tokens, all arriving at time
@@ -9,6 +10,14 @@ requests/s; `synthetic:2000:32-1024:16-512:20` a mixed stream.
 `,tenants=NAME:SHARE,...` shares the requests out among tenants in those proportions, interleaved
 (`Workload.with_tenant_mix`): `synthetic:64:128:64:8,tenants=a:3,b:1` sends 48 requests as tenant a and 16 as
 b. A tenant's weight is not its share of the traffic: weights come from the manifest's `tenants:` section.
+
+`chat:NUM_CONVERSATIONS:TURNS:SYSTEM_LEN:USER_LEN:OUTPUT_LEN[:RATE]` replays a chat service's shape
+(`Workload.chat`): every conversation opens with one shared SYSTEM_LEN-token system prompt (0: none), and
+turn k re-sends the whole history (the earlier USER_LEN-token messages and OUTPUT_LEN-token replies) before
+its new message, so prefix caching has the system prompt and the earlier turns to hit. The tokens are random
+ids, so prompt-lookup speculation finds only what the model itself repeats (lesson 7's sweep: no drafts).
+Requests go turn by turn, all at time 0 or RATE requests/s:
+`chat:8:3:64:32:16` is 24 requests whose prompts grow from 96 to 192 tokens; tenants work as above.
 """
 
 from __future__ import annotations
@@ -17,34 +26,54 @@ import math
 
 from core.workload import Workload
 
-WORKLOAD_SPEC = "synthetic:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE][,tenants=NAME:SHARE,...]"
+SYNTHETIC_SPEC = "synthetic:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE]"
+CHAT_SPEC = "chat:NUM_CONVERSATIONS:TURNS:SYSTEM_LEN:USER_LEN:OUTPUT_LEN[:RATE]"
+WORKLOAD_SPEC = f"{SYNTHETIC_SPEC} or {CHAT_SPEC}, either with [,tenants=NAME:SHARE,...]"
 
 
 def parse_workload(spec: str, seed: int = 0) -> Workload:
     """The `Workload` a spec names; a `ValueError` that shows the expected form for anything else."""
     lengths, _, option = spec.partition(",")
     kind, *fields = lengths.split(":")
-    if kind != "synthetic" or len(fields) not in (3, 4):
-        raise ValueError(f"workload {spec!r}: expected {WORKLOAD_SPEC}, e.g. synthetic:64:128:64:8")
-    names = ("NUM_REQUESTS", "PROMPT_LEN", "OUTPUT_LEN")
-    counts: list[int | tuple[int, int]] = []
-    for name, text in zip(names, fields):
-        parts = text.split("-") if name != "NUM_REQUESTS" else [text]
-        if len(parts) > 2 or not all(p.isdigit() and int(p) >= 1 for p in parts) or int(parts[0]) > int(parts[-1]):
-            allowed = "a positive integer" if name == "NUM_REQUESTS" else "a positive integer or a range LO-HI"
-            raise ValueError(f"workload {spec!r}: {name} must be {allowed}, got {text!r}")
-        counts.append(int(parts[0]) if len(parts) == 1 else (int(parts[0]), int(parts[1])))
-    arrival: str | float = "all"
-    if len(fields) == 4:
-        try:
-            arrival = float(fields[3])
-        except ValueError:
-            arrival = math.nan
-        if not 0 < arrival < math.inf:
-            raise ValueError(f"workload {spec!r}: RATE must be a positive number of requests/s, got {fields[3]!r}")
-    num_requests, prompt_len, output_len = counts
-    workload = Workload.synthetic(num_requests, prompt_len, output_len, arrival=arrival, seed=seed, name=spec)
+    if kind == "synthetic" and len(fields) in (3, 4):
+        counts: list[int | tuple[int, int]] = [
+            _count(spec, "NUM_REQUESTS", fields[0]), _count(spec, "PROMPT_LEN", fields[1], ranged=True),
+            _count(spec, "OUTPUT_LEN", fields[2], ranged=True)]
+        workload = Workload.synthetic(*counts, arrival=_arrival(spec, fields[3:]), seed=seed, name=spec)
+    elif kind == "chat" and len(fields) in (5, 6):
+        names = ("NUM_CONVERSATIONS", "TURNS", "SYSTEM_LEN", "USER_LEN", "OUTPUT_LEN")
+        sizes = [_count(spec, name, text, minimum=0 if name == "SYSTEM_LEN" else 1)
+                 for name, text in zip(names, fields)]
+        workload = Workload.chat(*sizes, arrival=_arrival(spec, fields[5:]), seed=seed, name=spec)
+    else:
+        form = {"synthetic": SYNTHETIC_SPEC, "chat": CHAT_SPEC}.get(kind)
+        got = f" (got {len(fields)} fields after {kind}:)" if form else f" (unknown kind {kind!r})"
+        raise ValueError(f"workload {spec!r}: expected {form or WORKLOAD_SPEC}{got}, e.g. synthetic:64:128:64:8 "
+                         "or chat:8:3:64:32:16")
     return workload.with_tenant_mix(_tenant_mix(spec, option)) if option else workload
+
+
+def _count(spec: str, name: str, text: str, *, ranged: bool = False, minimum: int = 1) -> int | tuple[int, int]:
+    """A field of the spec: an integer >= `minimum`, or with `ranged` a range LO-HI drawn per request."""
+    parts = text.split("-") if ranged else [text]
+    if len(parts) > 2 or not all(p.isdigit() and int(p) >= minimum for p in parts) or int(parts[0]) > int(parts[-1]):
+        allowed = "a positive integer" if minimum else "a non-negative integer"
+        raise ValueError(f"workload {spec!r}: {name} must be {allowed}{' or a range LO-HI' if ranged else ''}, "
+                         f"got {text!r}")
+    return int(parts[0]) if len(parts) == 1 else (int(parts[0]), int(parts[1]))
+
+
+def _arrival(spec: str, rate: list[str]) -> str | float:
+    """"all" without a RATE field, else the rate in requests/s."""
+    if not rate:
+        return "all"
+    try:
+        arrival = float(rate[0])
+    except ValueError:
+        arrival = math.nan
+    if not 0 < arrival < math.inf:
+        raise ValueError(f"workload {spec!r}: RATE must be a positive number of requests/s, got {rate[0]!r}")
+    return arrival
 
 
 def _tenant_mix(spec: str, option: str) -> dict[str, int]:

@@ -46,6 +46,8 @@ from core.request import Request
 from core.scheduler import Scheduler
 from sim.cost_model import BatchShape
 
+StepObserver = Callable[[Scheduler, StepRecord], None]  # `SimulatedExecutor.on_step`
+
 # The token a simulated step "samples". Requests ignore EOS and have no stop tokens, so its value is moot.
 DUMMY_TOKEN_ID = 0
 DUMMY_SAMPLE = [DUMMY_TOKEN_ID]  # what every row that needs logits samples in a step without speculation
@@ -151,7 +153,9 @@ class SimulatedExecutor:
     """One engine replica: a core scheduler stepped on `env`'s clock, its step times from `step_timer`.
 
     Requests come in through `add_request` (from `feed`, a router, or a disaggregated prefill); the engine
-    process starts on construction and runs for as long as the SimPy environment does.
+    process starts on construction and runs for as long as the SimPy environment does. `on_step`, if set,
+    sees the scheduler and each step's record right after the step (a live view's recorder,
+    serving_lab/dashboard_replay.py).
     """
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, step_timer: StepTimer,
@@ -166,6 +170,7 @@ class SimulatedExecutor:
         self.num_refused = 0
         self._finished_events: dict[str, simpy.Event] = {}
         self._wakeup: simpy.Event | None = None  # set while the engine sleeps with nothing to run
+        self.on_step: StepObserver | None = None
         env.process(self._engine_loop())
 
     @property
@@ -212,7 +217,10 @@ class SimulatedExecutor:
             finished = scheduler.update_from_output(output, result, now=env.now)
             if self.proposer is not None:
                 self.proposer.propose(scheduler)
-            self.steps.append(StepRecord.from_output(output, start, duration, result))
+            record = StepRecord.from_output(output, start, duration, result)
+            self.steps.append(record)
+            if self.on_step is not None:
+                self.on_step(scheduler, record)
             for request in finished:
                 self._finished_events.pop(request.request_id).succeed(request)
 

@@ -16,6 +16,8 @@ keyword. Defaults
   profile; else the profile's memory x `config.gpu_memory_utilization` - weights - activations, per device
   (weights over tensor_parallel_size x pipeline_parallel_size devices; KV blocks in `kv_cache_dtype`,
   default the weights' dtype, e.g. "fp8" KV under bf16 weights);
+- swap pool (`preemption_mode="swap"`): `swap_space` GiB in blocks of one device, or `num_swap_blocks`, as the
+  engine settles it (`kv_sizing.with_swap_pool`; a profile knows no host memory, so nothing is checked);
 - parallelism: `tensor_parallel_size` (sim/cost_model.py) and `pipeline_parallel_size` (sim/pipeline.py)
   combine: tp x pp devices per replica; 1 x 1 is the single-device model itself;
 - front end: `frontend_latency_s` (default 0) is the per-request time a server spends before the engine
@@ -52,12 +54,12 @@ import simpy
 
 from core.arch_config import DEFAULT_MODEL_NAME, ArchConfig
 from core.config import EngineConfig
-from core.kv_sizing import num_kv_blocks
+from core.kv_sizing import num_kv_blocks, with_swap_pool
 from core.metrics import RunMetrics
 from core.scheduler import make_scheduler
 from core.workload import Workload
 from sim.cost_model import CostModel, activation_dtype, default_kv_cache_dtype, model_weight_bytes
-from sim.executor import CostModelTimer, SimulatedExecutor, StepTimer, feed_arrivals
+from sim.executor import CostModelTimer, SimulatedExecutor, StepObserver, StepTimer, feed_arrivals
 from sim.hardware import DEFAULT_CPU_PROFILE, HardwareProfile, dtype_bytes, load_calibrated_profile
 from sim.pipeline import PipelineCostModel
 from sim.spec_decode import AcceptanceModel, DraftCostTimer, SimulatedProposer
@@ -86,6 +88,13 @@ def resolve_hardware(hardware: HardwareProfile | str | None) -> HardwareProfile:
     return HardwareProfile.named(hardware) if isinstance(hardware, str) else hardware
 
 
+def device_block_bytes(arch: ArchConfig, block_size: int, kv_cache_dtype: str, tensor_parallel_size: int = 1,
+                       pipeline_parallel_size: int = 1) -> int:
+    """Bytes of one KV block on one device: its share of the KV heads (tp) and ceil(L / pp) layers."""
+    full_block = arch.kv_bytes_per_block(block_size, dtype_bytes(kv_cache_dtype), tensor_parallel_size)
+    return full_block // arch.num_layers * -(-arch.num_layers // pipeline_parallel_size)
+
+
 def num_kv_blocks_for(arch: ArchConfig, hardware: HardwareProfile, config: EngineConfig,
                       dtype: str = "bfloat16", tensor_parallel_size: int = 1, *, kv_cache_dtype: str | None = None,
                       pipeline_parallel_size: int = 1) -> int:
@@ -96,10 +105,8 @@ def num_kv_blocks_for(arch: ArchConfig, hardware: HardwareProfile, config: Engin
     activation_bytes = dtype_bytes(activation_dtype(dtype, hardware))
     on_cpu = hardware.provenance.get("device_type") == "cpu"
     kv_dtype = kv_cache_dtype or default_kv_cache_dtype(dtype, hardware)
-    full_block = arch.kv_bytes_per_block(config.block_size, dtype_bytes(kv_dtype), tensor_parallel_size)
-    stage_layers = -(-arch.num_layers // pipeline_parallel_size)
     return num_kv_blocks(
-        config, full_block // arch.num_layers * stage_layers,
+        config, device_block_bytes(arch, config.block_size, kv_dtype, tensor_parallel_size, pipeline_parallel_size),
         device_memory=None if on_cpu else hardware.memory_bytes,
         weight_bytes=model_weight_bytes(arch, dtype, hardware) / (tensor_parallel_size * pipeline_parallel_size),
         activation_bytes=arch.peak_activation_bytes(config.max_num_batched_tokens, config.max_num_seqs,
@@ -159,6 +166,8 @@ class Simulator:
         self.num_kv_blocks = opts.num_kv_blocks if opts.num_kv_blocks is not None else num_kv_blocks_for(
             self.arch, self.hardware, self.config, dtype, tensor_parallel_size, kv_cache_dtype=self.kv_cache_dtype,
             pipeline_parallel_size=pipeline_parallel_size)
+        self.config = with_swap_pool(self.config, device_block_bytes(
+            self.arch, self.config.block_size, self.kv_cache_dtype, tensor_parallel_size, pipeline_parallel_size))
         self.step_timer = opts.step_timer if opts.step_timer is not None else CostModelTimer(self.cost_model)
         acceptance = opts.acceptance
         if (self.config.speculative_method is None) != (acceptance is None):
@@ -185,17 +194,20 @@ class Simulator:
         proposer = SimulatedProposer(self.acceptance) if self.acceptance is not None else None
         return SimulatedExecutor(env, scheduler, self.step_timer, name, proposer)
 
-    def run(self, workload: Workload, max_concurrency: int | None = None) -> RunMetrics:
+    def run(self, workload: Workload, max_concurrency: int | None = None, *,
+            on_step: StepObserver | None = None) -> RunMetrics:
         """Serve `workload` from an empty engine at time 0 until every request finished or was refused.
         `max_concurrency`: at most that many requests open at once, as a capped client sends them
-        (`feed_arrivals`)."""
-        return self.run_rounds([workload], max_concurrency)[0]
+        (`feed_arrivals`). `on_step(scheduler, record)`: called after each step (`SimulatedExecutor.on_step`)."""
+        return self.run_rounds([workload], max_concurrency, on_step=on_step)[0]
 
-    def run_rounds(self, workloads: list[Workload], max_concurrency: int | None = None) -> list[RunMetrics]:
+    def run_rounds(self, workloads: list[Workload], max_concurrency: int | None = None, *,
+                   on_step: StepObserver | None = None) -> list[RunMetrics]:
         """Serve the workloads one after another on one replica, each starting when the previous one has
         drained, so later rounds find the prefix cache the earlier ones left (as `bench.run_rounds`)."""
         env = simpy.Environment()
         executor = self.make_executor(env)
+        executor.on_step = on_step
         results = []
         with gc_paused():
             for workload in workloads:

@@ -90,7 +90,10 @@ def require_browser() -> str:
 
 
 def _short(url: str) -> str:
-    return url if len(url) <= SRC_CHARS else url[: SRC_CHARS - 3] + "..."
+    """`url` cut to SRC_CHARS: a data: URI keeps its head (the media type), any other URL its tail (the file name)."""
+    if len(url) <= SRC_CHARS:
+        return url
+    return url[: SRC_CHARS - 3] + "..." if url.startswith("data:") else "..." + url[3 - SRC_CHARS:]
 
 
 def open_pages(paths: Iterable[Path], executable: str | None = None) -> dict[Path, PageCheck]:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ref_engine.async_engine.core import EngineArgs
 from ref_engine.engine import LLMEngine
+from ref_engine.engine_core.core import EngineCoreArgs
 from ref_engine.sampler import Sampler, SamplerOutput, SamplingMetadata
 
 POISON_MIN_P = 0.125
@@ -27,7 +27,7 @@ class PoisonedSampler(Sampler):
 
 
 @dataclass
-class PoisonedEngineArgs(EngineArgs):
+class PoisonedEngineArgs(EngineCoreArgs):
     def create_engine(self) -> LLMEngine:
         engine = super().create_engine()
         engine.sampler = PoisonedSampler(engine.config.seed, engine.device)

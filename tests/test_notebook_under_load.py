@@ -12,6 +12,10 @@ still run. These two tests keep that from coming back, in two halves:
 - the notebook: given a profile flagged unsteady whose fit misprices the first tokens of a step as the busy
   fit did (4x), notebook 05 passes, and uses that profile rather than refitting it (it is minutes old).
 
+The notebook half runs the whole notebook (88 s), so it is a `long` test (SERVING_LAB_LONG_TESTS=1); by
+default tests/serving_lab/test_claims.py checks what it rests on, that every timing claim skips on an unsteady
+fit or run.
+
 Why not calibrate under load and then run the notebook, as this test first did: that took 5-11 of the CI
 run's 30 minutes (a calibration slowed 2x by the load, then the notebook), for the same two facts.
 """
@@ -63,6 +67,7 @@ def test_calibration_measurements_taken_beside_a_busy_core_say_unsteady(smollm2)
 
 
 @pytest.mark.slow
+@pytest.mark.long  # 88 s; the skipping it relies on is checked by tests/serving_lab/test_claims.py by default
 def test_notebook_05_passes_with_a_profile_fitted_on_a_busy_machine(tmp_path, smollm2):
     from ref_engine.model import store
     from serving_lab.calibrate import load_or_calibrate

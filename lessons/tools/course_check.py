@@ -39,7 +39,7 @@ QUESTION_PARTS = ("**Short answer.**", "<details>", "</details>", "**Common wron
                   "**Follow-ups.**", "**See it run.**", "**Links.**")
 DIFFICULTIES = ("E", "M", "H")
 EXERCISE_KINDS = ("implement", "estimate", "predict-then-run", "debug", "design")
-MIN_QUESTIONS = 6  # questions linking each lesson
+MIN_QUESTIONS = 8  # questions linking each lesson
 MIN_EXERCISES = 2  # exercises of each lesson with a notebook
 
 

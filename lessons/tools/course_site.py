@@ -3,7 +3,7 @@
 with their outputs and plots, and every source file the course links, in one folder a browser opens.
 
     python lessons/tools/course_site.py                    # site/: notebooks executed in fast mode (~10 min)
-    python lessons/tools/course_site.py --no-execute       # notebooks shown without outputs (seconds)
+    python lessons/tools/course_site.py --no-execute       # notebooks shown with their stored run (seconds)
     python lessons/tools/course_site.py --update-figures   # also refresh lessons/img/ from the executed notebooks
     python lessons/tools/course_site.py --figures 05-speculative-decoding   # only that notebook's figures, no site
     python -m http.server -d site                          # then open http://localhost:8000 (or open site/index.html)
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "site", help="the site folder (replaced whole)")
     parser.add_argument("--no-execute", dest="execute", action="store_false",
-                        help="render the notebooks as committed (no outputs) instead of executing them")
+                        help="render the notebooks as committed (their stored fast-mode run) instead of executing them")
     parser.add_argument("--update-figures", action="store_true",
                         help="write the figures of cells tagged figure:<name> into lessons/img/")
     parser.add_argument("--figures", nargs="+", metavar="STEM",

@@ -4,8 +4,9 @@
     python lessons/tools/notebook_rules.py            # check notebooks/*.ipynb, exit 1 on a problem
     pytest tests/course/test_notebook_rules.py        # the same, one test per rule
 
-A notebook is committed clean and runs anywhere:
-- no stored outputs and no execution counts (run it yourself; CI runs it with nbval);
+A notebook runs anywhere, and is committed with the outputs of one fast-mode run (for readers on GitHub):
+- its stored outputs belong to its code: the digest of its code cells that `notebook_outputs.py` recorded
+  when it stored them still matches (CI runs it again under nbval, without comparing outputs);
 - kernel `python3`;
 - the first cell is Markdown and links its lesson (`../lessons/<same stem>.md`);
 - the first code cell is tagged `parameters` and is the only cell that reads the environment
@@ -22,6 +23,7 @@ and returns a list of problems. Standard library only.
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import re
 import sys
@@ -70,14 +72,32 @@ def string_constants(code: str) -> list[str] | None:
 
 # ---- the rules ----------------------------------------------------------------------------------------
 
-def rule_no_outputs(nb: dict, path: Path) -> list[str]:
-    problems = []
-    for i, cell in code_cells(nb):
-        if cell.get("outputs"):
-            problems.append(f"{path.name} cell {i}: stored outputs (clear them before committing)")
-        if cell.get("execution_count") is not None:
-            problems.append(f"{path.name} cell {i}: stored execution count (clear outputs before committing)")
-    return problems
+REGENERATE = "python lessons/tools/notebook_outputs.py"
+METADATA_KEY = "serving_lab"  # the notebook metadata notebook_outputs.py writes: {"code_digest": ...}
+
+
+def code_digest(cells: list[dict]) -> str:
+    """SHA-256 of the code cells' sources, in order: what stored outputs were computed from."""
+    digest = hashlib.sha256()
+    for cell in cells:
+        if cell.get("cell_type") == "code":
+            digest.update(source(cell).encode("utf-8") + b"\0")
+    return digest.hexdigest()
+
+
+def stale_reason(nb: dict) -> str | None:
+    """Why `nb`'s stored outputs do not belong to its code (None when they do)."""
+    stored = nb.get("metadata", {}).get(METADATA_KEY, {}).get("code_digest")
+    if stored is None:
+        return f"no stored run (run `{REGENERATE}`)"
+    if stored != code_digest(nb.get("cells", [])):
+        return f"its code changed since its outputs were stored (run `{REGENERATE} <stem>`)"
+    return None
+
+
+def rule_outputs_current(nb: dict, path: Path) -> list[str]:
+    reason = stale_reason(nb)
+    return [f"{path.name}: stale outputs: {reason}"] if reason else []
 
 
 def rule_kernel(nb: dict, path: Path) -> list[str]:
@@ -139,7 +159,7 @@ def rule_no_absolute_paths(nb: dict, path: Path) -> list[str]:
     return problems
 
 
-RULES = (rule_no_outputs, rule_kernel, rule_first_cell_links_lesson, rule_parameters_cell,
+RULES = (rule_outputs_current, rule_kernel, rule_first_cell_links_lesson, rule_parameters_cell,
          rule_environment_only_in_parameters, rule_forbidden_code, rule_no_absolute_paths)
 
 

@@ -1,11 +1,16 @@
 """`AsyncLLM`: the engine as the API server sees it, one async stream of `RequestOutput` per request.
 
-`generate(prompt, params, request_id)` sends the request to the engine-core process and yields its
+`generate(prompt, params, request_id)` sends the request to the engine-core process (through
+`AsyncMPClient`, ref_engine/engine_core/client.py) and yields its
 deltas as steps produce them, the last with `finished=True`. One task (`_output_handler`) reads the
 core's outputs and puts each into its request's queue, so a slow client only fills its own queue. When the
 consumer stops early (the HTTP client disconnected: the server closes or cancels the iterator), the
 request is aborted in the core, which frees its KV blocks. A request the core failed raises
-`EngineGenerateError` in its own stream only, and so does an output this process fails to handle.
+`EngineGenerateError` in its own stream only, and so does an output this process fails to handle. A core
+that dies (its executor lost a worker, or the process itself was killed) ends every open stream with
+`EngineDeadError`, and so does every later `generate`: the server answers both with a 503.
+With the dashboard on (`EngineCoreArgs.dashboard`), the core's step summaries and each tenant's service go
+into `step_feed` (step_feed.py), which `serve --dashboard`'s page reads.
 
 Lesson: lessons/06-architecture-map.md (the engine core and the API server).
 """
@@ -20,16 +25,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ref_engine.async_engine.core import EngineArgs
-from ref_engine.async_engine.core_client import EngineCoreClient, EngineDeadError
-from ref_engine.async_engine.messages import (
+from core.request import DEFAULT_TENANT
+from ref_engine.async_engine.prometheus import PrometheusStatLogger
+from ref_engine.async_engine.step_feed import StepFeed
+from ref_engine.engine_core.client import AsyncMPClient, EngineDeadError
+from ref_engine.engine_core.core import EngineCoreArgs
+from ref_engine.engine_core.messages import (
     EngineCoreOutputs,
     EngineCoreReady,
     EngineCoreRequest,
     RequestError,
 )
-from ref_engine.async_engine.prometheus import PrometheusStatLogger
-from ref_engine.async_engine.tracing import RequestTracer
+from ref_engine.engine_core.tracing import RequestTracer
 from ref_engine.model.loader import load_tokenizer
 from ref_engine.model.tokenizer import Tokenizer
 from ref_engine.outputs import RequestOutput
@@ -48,17 +55,19 @@ class EngineGenerateError(RuntimeError):
 
 @dataclass
 class _Stream:
-    """One open request: its outputs' queue, and whether its first output came (its prompt is counted then)."""
+    """One open request: its outputs' queue, whether its first output came (its prompt is counted then),
+    and whose it is."""
 
     queue: asyncio.Queue[RequestOutput | RequestError | EngineDeadError] = field(default_factory=asyncio.Queue)
     started: bool = False
+    tenant: str = DEFAULT_TENANT
 
 
 class AsyncLLM:
-    def __init__(self, engine_args: EngineArgs, model_name: str | None = None) -> None:
+    def __init__(self, engine_args: EngineCoreArgs, model_name: str | None = None) -> None:
         """`model_name`: the name clients use (the model's id if None)."""
         self.engine_args = engine_args
-        self.client = EngineCoreClient(engine_args)
+        self.client = AsyncMPClient(engine_args)
         self.model_name = model_name
         self.model_config: EngineCoreReady | None = None
         self.tokenizer: Tokenizer | None = None
@@ -67,6 +76,7 @@ class AsyncLLM:
         self._output_task: asyncio.Task[None] | None = None
         self.dead_error: str | None = None  # why the engine core is gone, once it is
         self.tracer = RequestTracer() if engine_args.trace_requests else None  # --trace-requests
+        self.step_feed = StepFeed() if engine_args.dashboard else None  # --dashboard
 
     async def start(self) -> None:
         """Start the engine core and load the tokenizer here, both before serving a request."""
@@ -90,7 +100,7 @@ class AsyncLLM:
             raise EngineDeadError(self.dead_error)
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        stream = self._streams[request_id] = _Stream()
+        stream = self._streams[request_id] = _Stream(tenant=prompt.get("tenant") or DEFAULT_TENANT)
         queue = stream.queue
         arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         params = dataclasses.replace(params, output_kind=RequestOutputKind.DELTA)
@@ -141,6 +151,8 @@ class AsyncLLM:
                 if self.tracer is not None:
                     self._trace(outputs)
                 self.stat_logger.record_stats(outputs)
+                if self.step_feed is not None:
+                    self.step_feed.add(outputs.step_summaries)
                 for output in outputs.outputs:
                     self._route(output)
                 for request_id, error in outputs.errors.items():
@@ -159,7 +171,11 @@ class AsyncLLM:
         request only: a bug in one output's handling must not end every stream."""
         stream = self._streams.get(output.request_id)
         try:
-            self.stat_logger.record_output(output, first=stream is not None and not stream.started)
+            first = stream is not None and not stream.started
+            self.stat_logger.record_output(output, first=first)
+            if self.step_feed is not None and stream is not None:
+                self.step_feed.add_service(stream.tenant, len(output.outputs[0].token_ids)
+                                           + (len(output.prompt_token_ids) if first else 0))
         except Exception as error:
             logger.exception("request %s: its output could not be handled", output.request_id)
             if stream is not None:
@@ -179,9 +195,10 @@ class AsyncLLM:
                                num_tokens=len(output.outputs[0].token_ids), finished=output.finished)
 
     def _fail_all(self, message: str) -> None:
-        """The core is gone (or going): end every open stream with `message`."""
+        """The core is gone (or going): end every open stream with `EngineDeadError(message)`, which the
+        server answers with a 503 (no request's fault: retry elsewhere), as it answers new requests now."""
         self.dead_error = message
-        self._end_streams(RequestError(message), abort_in_core=False)
+        self._end_streams(EngineDeadError(message), abort_in_core=False)
 
     def _end_streams(self, error: Exception, *, abort_in_core: bool) -> None:
         """Put `error` on every open stream; with `abort_in_core`, also abort its request in the core, which

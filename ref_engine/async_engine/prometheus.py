@@ -9,7 +9,8 @@ Latencies come from each finished request's `RequestMetrics`, whose arrival is t
 middleware's stamp, carried to the core): TTFT and end-to-end latency include HTTP parsing, tokenization
 and the hop to the core, as vLLM measures them. Token counters move with every streamed delta; a request's
 prompt and prefix-cache counts are added with its first output (`AsyncLLM` says which output is first, so
-this logger keeps nothing per request). Each logger has its own registry, so two servers in one process
+this logger keeps nothing per request; of the scheduler's running preemption totals it keeps the last seen,
+to count what is new). Each logger has its own registry, so two servers in one process
 (tests) never share counters.
 
 Lesson: lessons/06-architecture-map.md (what /metrics tells an operator).
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ref_engine.async_engine.messages import EngineCoreOutputs
+from ref_engine.engine_core.messages import EngineCoreOutputs
 from ref_engine.outputs import RequestOutput
 
 FINISH_REASONS = ("stop", "length", "abort", "error")  # CompletionOutput.finish_reason's values
@@ -70,16 +71,19 @@ class PrometheusStatLogger:
                                                "Mean time per output token after the first, per request.")
         self.e2e_request_latency = histogram("vllm:e2e_request_latency_seconds", "Arrival to last token.")
         self.request_queue_time = histogram("vllm:request_queue_time_seconds", "Arrival to first scheduled.")
+        self._counted_preemptions = self._counted_preempted_reqs = 0  # the scheduler's totals counted so far
 
     def record_stats(self, outputs: EngineCoreOutputs) -> None:
-        """The scheduler's gauges and preemption counts after a step."""
+        """The scheduler's gauges after a step, and its preemptions since the stats last came (the scheduler
+        keeps running totals)."""
         stats = outputs.scheduler_stats
         if stats is not None:
             self.num_requests_running.set(stats.num_running_reqs)
             self.num_requests_waiting.set(stats.num_waiting_reqs)
             self.kv_cache_usage.set(stats.kv_cache_usage)
-            self.num_preemptions.inc(stats.num_preempted)
-            self.preempted_requests.inc(stats.num_preempted_reqs)
+            self.num_preemptions.inc(stats.num_preemptions - self._counted_preemptions)
+            self.preempted_requests.inc(stats.num_preempted_reqs - self._counted_preempted_reqs)
+            self._counted_preemptions, self._counted_preempted_reqs = stats.num_preemptions, stats.num_preempted_reqs
             self.num_requests_waiting_preempted.set(stats.num_waiting_preempted_reqs)
 
     def record_abort(self) -> None:

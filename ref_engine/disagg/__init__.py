@@ -1,10 +1,9 @@
-"""Prefill/decode disaggregation in the real engine: two engine processes, a KV connector, a router.
+"""Prefill/decode disaggregation in the real engine: two engine-core processes, a KV connector, a router.
 
 Lesson: lessons/03-chunked-prefill-and-disaggregation.md#disaggregation
 """
 
-from ref_engine.disagg.engine_process import EngineProcessError, EngineStats
 from ref_engine.disagg.llm import DisaggregatedGenerateError, DisaggregatedLLM
 from ref_engine.disagg.timings import DisaggTimings
 
-__all__ = ["DisaggTimings", "DisaggregatedGenerateError", "DisaggregatedLLM", "EngineProcessError", "EngineStats"]
+__all__ = ["DisaggTimings", "DisaggregatedGenerateError", "DisaggregatedLLM"]

@@ -18,6 +18,9 @@ pool, say), K/V that fails to save or load, or a dead engine process fail only t
 attached. Every wait is bounded (`timeout_s` without any message), and K/V saved for a request that will
 never be loaded is discarded. Blocks return to both pools; `stats()` shows it.
 
+Each engine is an `EngineCore` process (ref_engine/engine_core/, the same core the API server runs), driven
+through a `SyncMPClient`; the router waits on both with `wait_for_outputs`.
+
 Use it as a context manager (or call `close()`): it stops both processes. Engine processes are spawned,
 so a script that builds one needs the usual `if __name__ == "__main__":` guard.
 
@@ -28,25 +31,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from multiprocessing.connection import wait
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from core.config import EngineConfig
-from ref_engine.disagg.engine_process import (
-    AddRemotePrefilled,
-    AddRequest,
-    DiscardKV,
-    EngineProcess,
-    EngineProcessError,
-    EngineSpec,
-    EngineStats,
-    RequestFailed,
-    RequestFinished,
-)
 from ref_engine.disagg.timings import DisaggTimings
 from ref_engine.engine import PromptType, as_batch
+from ref_engine.engine_core.client import EngineDeadError, SyncMPClient, wait_for_outputs
+from ref_engine.engine_core.core import EngineCoreArgs
+from ref_engine.engine_core.messages import EngineCoreOutputs, EngineCoreRequest, EngineCoreStats
 from ref_engine.kv_transfer.config import KVTransferConfig
 from ref_engine.kv_transfer.connector import KVTransferParams
 from ref_engine.outputs import RequestOutput
@@ -88,6 +82,11 @@ class _Run:
     def pending(self) -> list[str]:
         return [request_id for request_id, r in self.requests.items() if not r.done]
 
+    def active(self, request_id: str) -> _InFlight | None:
+        """The request if it is this run's and still pending (an earlier run's, given up on, is not)."""
+        request = self.requests.get(request_id)
+        return None if request is None or request.done else request
+
     def fail(self, request_id: str, error: str) -> None:
         request = self.requests[request_id]
         request.done = True
@@ -116,13 +115,18 @@ class DisaggregatedLLM:
         self._next_id = 0
         connector = dict(kv_connector=kv_connector, kv_connector_module_path=kv_connector_module_path,
                          kv_connector_extra_config=kv_connector_extra_config or {})
-        self.prefill = EngineProcess("prefill", EngineSpec(
-            model, prefill_config, KVTransferConfig(kv_role="kv_producer", **connector), dtype, device))
-        self.decode = EngineProcess("decode", EngineSpec(
-            model, decode_config, KVTransferConfig(kv_role="kv_consumer", **connector), dtype, device))
+
+        def engine(role: str, config: EngineConfig, kv_role: str) -> SyncMPClient:
+            # one torch thread each: the two engines share the machine's cores
+            return SyncMPClient(EngineCoreArgs(model, dtype, device, num_threads=1, engine_kwargs={"config": config},
+                                               kv_transfer_config=KVTransferConfig(kv_role=kv_role, **connector)),
+                                role)
+
+        self.prefill = engine("prefill", prefill_config, "kv_producer")
+        self.decode = engine("decode", decode_config, "kv_consumer")
         try:
-            for engine in (self.prefill, self.decode):  # both load their model meanwhile
-                engine.wait_ready(startup_timeout_s)
+            for core in (self.prefill, self.decode):  # both load their model meanwhile
+                core.wait_ready(startup_timeout_s)
         except BaseException:
             self.close()
             raise
@@ -141,7 +145,7 @@ class DisaggregatedLLM:
                  tb: TracebackType | None) -> None:
         self.close()
 
-    def stats(self) -> dict[str, EngineStats]:
+    def stats(self) -> dict[str, EngineCoreStats]:
         """Each engine's pool and queues, by role ("prefill", "decode"); call it between `generate`s."""
         return {engine.name: engine.stats(self.timeout_s) for engine in (self.prefill, self.decode)}
 
@@ -153,7 +157,7 @@ class DisaggregatedLLM:
         `disagg_timings`. Raises `DisaggregatedGenerateError` after the run if any request failed."""
         for engine in (self.prefill, self.decode):
             if engine.dead:
-                raise EngineProcessError(f"{engine.death}; close this DisaggregatedLLM and start a new one")
+                raise EngineDeadError(f"{engine.death}; close this DisaggregatedLLM and start a new one")
         prompts, params = as_batch(prompts, sampling_params)
         run = _Run({}, [None] * len(prompts))
         for index, (prompt, p) in enumerate(zip(prompts, params)):
@@ -161,8 +165,8 @@ class DisaggregatedLLM:
             self._next_id += 1
             run.requests[request_id] = _InFlight(index, prompt, p, time.perf_counter())
             try:
-                self.prefill.send(AddRequest(request_id, prompt, replace(p, max_tokens=1, min_tokens=0)))
-            except EngineProcessError as error:
+                self.prefill.add_request(EngineCoreRequest(request_id, prompt, replace(p, max_tokens=1, min_tokens=0)))
+            except EngineDeadError as error:
                 run.fail(request_id, str(error))
         while run.pending():
             self._route_next(run)
@@ -171,67 +175,75 @@ class DisaggregatedLLM:
         return run.outputs  # type: ignore[return-value]  # no None is left when nothing failed
 
     def _route_next(self, run: _Run) -> None:
-        """Wait for messages from either engine (bounded) and act on each."""
-        live = {engine.conn: engine for engine in (self.prefill, self.decode) if not engine.dead}
-        ready = wait(list(live), timeout=self.timeout_s)
+        """Wait for outputs from either engine (bounded) and act on each."""
+        ready = wait_for_outputs([e for e in (self.prefill, self.decode) if not e.dead], self.timeout_s)
         if not ready:
             for request_id in run.pending():
                 run.fail(request_id, f"no word from either engine for {self.timeout_s:g} s")
             return
-        for conn in ready:
-            engine = live[conn]
-            while not engine.dead and engine.conn.poll(0):
+        for engine in ready:
+            while not engine.dead:
                 try:
-                    message = engine.receive(0)
-                except EngineProcessError as error:
+                    outputs = engine.get_output(0)
+                except EngineDeadError as error:
                     self._engine_died(run, engine, str(error))
                     break
-                if engine is self.prefill:
-                    self._from_prefill(run, message)
-                else:
-                    self._from_decode(run, message)
+                if outputs is None:
+                    break
+                for request_id, error in outputs.errors.items():
+                    if run.active(request_id) is not None:
+                        run.fail(request_id, f"the {engine.name} engine could not serve it: {error.message}")
+                for output in outputs.outputs:
+                    if engine is self.prefill:
+                        self._from_prefill(run, output)
+                    else:
+                        self._from_decode(run, output, outputs)
 
-    def _from_prefill(self, run: _Run, message: RequestFinished | RequestFailed) -> None:
-        if isinstance(message, RequestFailed):
-            run.fail(message.request_id, f"the prefill engine refused it: {message.error}")
-            return
-        output = message.output
-        request = run.requests[output.request_id]
+    def _from_prefill(self, run: _Run, output: RequestOutput) -> None:
+        request = run.active(output.request_id)
         kv = output.kv_transfer_params
-        if kv.error is not None:
-            run.fail(output.request_id, f"KV transfer failed on the prefill side: {kv.error}")
-            return
-        if self.decode.dead:
-            self._discard(kv)
-            run.fail(output.request_id, self.decode.death)
+        if kv is None or kv.error is not None:
+            error = f"KV transfer failed on the prefill side: {kv.error if kv else 'no K/V was saved'}"
+            kv = None  # nothing to discard
+        elif output.error is not None:
+            error = f"the prefill engine could not serve it: {output.error}"
+        else:
+            error = self.decode.death  # None while the decode engine lives
+        if request is None or error is not None:  # an earlier run's request, or a failed one: nobody loads its K/V
+            if kv is not None:
+                self._discard(kv)
+            if request is not None:
+                run.fail(output.request_id, error)
             return
         request.prefilled = output
         request.forwarded_at = time.perf_counter()
         try:
-            self.decode.send(AddRemotePrefilled(output.request_id, _decode_prompt(request.prompt, output),
-                                                request.params, kv))
-        except EngineProcessError as error:
+            self.decode.add_request(EngineCoreRequest(output.request_id, _decode_prompt(request.prompt, output),
+                                                      request.params, kv_transfer_params=kv))
+        except EngineDeadError as error:
             self._engine_died(run, self.decode, str(error))
 
-    def _from_decode(self, run: _Run, message: RequestFinished | RequestFailed) -> None:
-        if isinstance(message, RequestFailed):
-            run.fail(message.request_id, f"the decode engine could not serve it: {message.error}")
+    def _from_decode(self, run: _Run, output: RequestOutput, outputs: EngineCoreOutputs) -> None:
+        request = run.active(output.request_id)
+        if request is None:
             return
-        request = run.requests[message.output.request_id]
+        if output.error is not None:
+            run.fail(output.request_id, f"the decode engine could not serve it: {output.error}")
+            return
         request.done = True
         prefilled = request.prefilled
         kv: KVTransferParams = prefilled.kv_transfer_params
-        times = message.token_times
-        transfer_s = request.forwarded_at - kv.saved_at + message.kv_load_s
+        times = [t + outputs.clock_origin for t in output.metrics.token_times]  # the engine's clock -> perf_counter
+        transfer_s = request.forwarded_at - kv.saved_at + output.metrics.kv_load_s
         timings = DisaggTimings(
             prefill_s=kv.saved_at - request.submitted_at, transfer_s=transfer_s, transfer_bytes=kv.num_bytes,
             decode_s=times[-1] - kv.saved_at - transfer_s, ttft_s=times[0] - request.submitted_at,
             itl_s=tuple(b - a for a, b in zip(times, times[1:])))
         run.outputs[request.index] = replace(
-            message.output, prompt=prefilled.prompt, num_cached_tokens=prefilled.num_cached_tokens,
+            output, prompt=prefilled.prompt, num_cached_tokens=prefilled.num_cached_tokens,
             prefix_cache=prefilled.prefix_cache, disagg_timings=timings)
 
-    def _engine_died(self, run: _Run, engine: EngineProcess, error: str) -> None:
+    def _engine_died(self, run: _Run, engine: SyncMPClient, error: str) -> None:
         """Fail the requests the dead engine held. Requests past a dead prefill engine go on; those still
         to reach a dead decode engine fail as their prefill comes back (and their K/V is discarded)."""
         for request_id in run.pending():
@@ -246,8 +258,8 @@ class DisaggregatedLLM:
         """Have the producer free K/V nobody will load (if it is gone, the resource tracker will)."""
         if not self.prefill.dead:
             try:
-                self.prefill.send(DiscardKV(kv))
-            except EngineProcessError:
+                self.prefill.call_utility_nowait("discard_kv", kv)
+            except EngineDeadError:
                 pass
 
 

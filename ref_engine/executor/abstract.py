@@ -21,7 +21,8 @@ from ref_engine.runner import ModelOutput
 
 class ExecutorDeadError(RuntimeError):
     """A worker died, stopped answering or failed in a step: the executor cannot run another step (its other
-    workers are stopped too). A server answers 503 and starts a new engine."""
+    workers are stopped too). The engine core then exits, and its server answers 503 and exits in turn, for
+    whatever supervises it to start a new one (ref_engine/engine_core/core.py)."""
 
 
 class Executor(ABC):

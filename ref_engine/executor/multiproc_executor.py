@@ -25,7 +25,7 @@ asks each worker to leave, then terminates and kills what is left, and reaps the
 its parent and exits when the engine's process is gone, however it ended (even SIGKILL).
 
 A daemonic process may not start processes (multiprocessing's rule), so an engine on this executor must run
-in a process that is not daemonic (vLLM's engine-core process is not).
+in a process that is not daemonic; the engine-core process clears its flag for this (engine_core/core.py).
 
 Lesson: lessons/06-architecture-map.md#the-boxes
 """
@@ -65,6 +65,7 @@ logger = logging.getLogger(__name__)
 EXECUTE_MODEL_TIMEOUT_S = 300.0  # vLLM's default (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS)
 RPC_TIMEOUT_S = 600.0  # start (loading, sharding) and the other calls (allocating, compiling)
 SHUTDOWN_GRACE_S = 5.0  # how long workers may take to leave before they are terminated
+DEATH_GRACE_S = 1.0  # how long a dying worker may take to be reaped, or a peer's death to show
 _SHUTDOWN = b"shutdown"
 
 
@@ -128,7 +129,7 @@ class MultiprocExecutor(Executor):
             try:
                 conn.send_bytes(message)
             except OSError:
-                self._fail(f"worker {rank} is gone ({self._exit(rank)})")
+                self._fail(f"{method}: {self._death(rank)}")
         return self._gather(method, timeout)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelOutput:
@@ -157,16 +158,20 @@ class MultiprocExecutor(Executor):
             ready = wait([*waiting, *sentinels], timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
                 self._fail(f"{what}: no answer from worker(s) {sorted(waiting.values())} within {timeout:g} s")
-            for obj in ready:
-                if obj in sentinels:
-                    rank = sentinels[obj]
-                    self._fail(f"{what}: worker {rank} (pid {self.processes[rank].pid}) died ({self._exit(rank)})")
-                rank = waiting[obj]
+            dead = [sentinels[obj] for obj in ready if obj in sentinels]
+            if dead:
+                self._fail(f"{what}: {self._death(dead[0])}")
+            for conn in ready:
+                rank = waiting[conn]
                 try:
-                    status, result, worker_traceback = obj.recv()
+                    status, result, worker_traceback = conn.recv()
                 except (EOFError, OSError):
-                    self._fail(f"{what}: worker {rank} closed its pipe ({self._exit(rank)})")
+                    self._fail(f"{what}: {self._death(rank)}")
                 if status == "error":
+                    # a rank whose collective broke because a peer died reports that first: name the death
+                    died = wait(list(sentinels), timeout=DEATH_GRACE_S)
+                    if died:
+                        self._fail(f"{what}: {self._death(sentinels[died[0]])}")
                     result.add_note(f"in worker {rank}:\n{worker_traceback}")
                     self._fail(f"{what}: worker {rank} raised {type(result).__name__}: {result}", result)
                 results[rank] = result
@@ -177,15 +182,17 @@ class MultiprocExecutor(Executor):
         self._dead = f"the executor is dead: {reason}"
         for process in self.processes:
             if process.is_alive():
-                process.terminate()  # a rank may wait in a collective for the dead one
+                process.kill()  # a rank may wait in a collective for the dead one, or be hung itself
         self.shutdown()
         raise error if error is not None else ExecutorDeadError(self._dead)
 
-    def _exit(self, rank: int) -> str:
+    def _death(self, rank: int) -> str:
         """How worker `rank` ended. Its sentinel fires as the process exits, a moment before it can be reaped."""
-        self.processes[rank].join(1.0)
-        code = self.processes[rank].exitcode
-        return "still running" if code is None else f"signal {-code}" if code < 0 else f"exit code {code}"
+        process = self.processes[rank]
+        process.join(DEATH_GRACE_S)
+        code = process.exitcode
+        how = "still running" if code is None else f"signal {-code}" if code < 0 else f"exit code {code}"
+        return f"worker {rank} (pid {process.pid}) died ({how})"
 
 
 def max_num_logit_rows(config: EngineConfig) -> int:

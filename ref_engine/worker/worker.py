@@ -104,7 +104,7 @@ class Worker:
                                             self.tp_size)
         free = device_memory = None
         if self.device.type == "cuda":
-            free, device_memory = torch.cuda.mem_get_info(self.device)
+            free, device_memory = cuda_memory_info(self.device)
         dtype_bytes = next(self.loaded.model.parameters()).dtype.itemsize
         blocks = num_kv_blocks(
             config, per_block, device_memory=device_memory, weight_bytes=parameter_bytes(self.loaded.model),
@@ -133,7 +133,18 @@ class Worker:
         return WorkerOutput(model_output, *get_tp_group().take_all_reduce_stats())
 
     def shutdown(self) -> None:
+        """Leave the process group and drop the runner (its KV pools) and the model, so that their memory can
+        go to the next engine in this process. Idempotent."""
         destroy_distributed_environment()
+        self.model_runner = self.loaded = None
+
+
+def cuda_memory_info(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of a CUDA device for this process's next KV pool. Free counts what torch's caching
+    allocator holds but no tensor uses (reserved - allocated): `mem_get_info` sees it as taken, yet this
+    process can have it, e.g. the pool of an engine dropped without `shutdown`."""
+    free, total = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), total
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from core.config import EngineConfig
-from core.kv_sizing import CPU_KV_CACHE_MEMORY, num_kv_blocks
+from core.kv_sizing import CPU_KV_CACHE_MEMORY, num_kv_blocks, with_swap_pool
 from core.math_utils import cdiv
 
 PER_BLOCK = 1000
@@ -43,3 +43,20 @@ def test_gpu_memory_utilization_is_checked(utilization):
 
 def test_cdiv_rounds_up():
     assert [cdiv(n, 16) for n in (0, 1, 16, 17, 32)] == [0, 1, 1, 2, 2]
+
+
+def test_the_swap_pool_is_swap_space_in_bytes_not_the_device_pools_size():
+    swap = EngineConfig(preemption_mode="swap")
+    assert with_swap_pool(swap, PER_BLOCK).num_swap_blocks == 4 * 2**30 // PER_BLOCK  # 4 GiB, vLLM's default
+    assert with_swap_pool(swap.replace(swap_space=0.5), PER_BLOCK).num_swap_blocks == 2**29 // PER_BLOCK
+    assert with_swap_pool(swap.replace(num_swap_blocks=3), PER_BLOCK).num_swap_blocks == 3
+    assert with_swap_pool(EngineConfig(), PER_BLOCK).num_swap_blocks is None  # recompute: no host pool
+
+
+def test_a_swap_pool_too_big_for_the_host_is_an_error_that_names_the_knob():
+    swap = EngineConfig(preemption_mode="swap", swap_space=16)
+    assert with_swap_pool(swap, PER_BLOCK, host_memory=64 * 2**30).num_swap_blocks == 16 * 2**30 // PER_BLOCK
+    with pytest.raises(ValueError, match="lower swap_space"):
+        with_swap_pool(swap, PER_BLOCK, host_memory=16 * 2**30)
+    with pytest.raises(ValueError, match="swap_space must be"):
+        EngineConfig(swap_space=-1)

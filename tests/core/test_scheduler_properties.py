@@ -65,6 +65,11 @@ def check_step_invariants(sched, out) -> None:
         assert r.request_id not in kv.block_tables
     if max(pool.ref_cnt, default=0) <= 1:  # shared prefix blocks hold tokens of several requests at once
         assert out.num_live_tokens <= out.num_reserved_slots
+    stats = sched.make_stats()  # the scheduler's own counts agree with a recount
+    assert (stats.num_running_reqs, stats.num_waiting_reqs) == (len(sched.running), len(sched.waiting))
+    assert (stats.num_kv_blocks, stats.num_free_blocks) == (pool.num_blocks, pool.num_free_blocks)
+    assert stats.num_preemptions == sched.num_preemptions
+    assert stats.num_waiting_preempted_reqs == sum(1 for r in sched.waiting if r.num_preemptions)
 
 
 @st.composite

@@ -51,6 +51,12 @@ def good_notebook() -> nbformat.NotebookNode:
         new_code_cell('from pathlib import Path\ndata = Path("../benchmarks") / "x.json"\nprint(P["num_requests"] / 2)'),
         new_markdown_cell("## Takeaways"),
     ]
+    return stored(nb)
+
+
+def stored(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """`nb` as notebook_outputs.py leaves it: its code cells' digest in its metadata."""
+    nb.metadata[nr.METADATA_KEY] = {"code_digest": nr.code_digest(nb.cells)}
     return nb
 
 
@@ -69,19 +75,26 @@ def test_good_fixture_notebook_passes(tmp_path):
 def with_code(source: str) -> nbformat.NotebookNode:
     nb = good_notebook()
     nb.cells.insert(3, new_code_cell(source))
+    return stored(nb)
+
+
+def never_run() -> nbformat.NotebookNode:
+    nb = good_notebook()
+    del nb.metadata[nr.METADATA_KEY]
     return nb
 
 
-def stored_output() -> nbformat.NotebookNode:
+def code_changed_after_its_run() -> nbformat.NotebookNode:
     nb = good_notebook()
     nb.cells[2].outputs = [nbformat.v4.new_output("stream", text="8.0\n")]
+    nb.cells[2].source = nb.cells[2].source.replace("/ 2", "/ 4")
     return nb
 
 
-def stored_count() -> nbformat.NotebookNode:
+def test_markdown_edits_keep_stored_outputs_current(tmp_path):
     nb = good_notebook()
-    nb.cells[2].execution_count = 3
-    return nb
+    nb.cells[3].source = "## Takeaways, reworded"
+    assert problems_of(nb, tmp_path, nr.rule_outputs_current) == []
 
 
 def other_kernel() -> nbformat.NotebookNode:
@@ -121,8 +134,8 @@ def no_presets() -> nbformat.NotebookNode:
 
 
 BAD = [
-    (stored_output, nr.rule_no_outputs, "stored outputs"),
-    (stored_count, nr.rule_no_outputs, "stored execution count"),
+    (never_run, nr.rule_outputs_current, "no stored run"),
+    (code_changed_after_its_run, nr.rule_outputs_current, "its code changed since its outputs were stored"),
     (other_kernel, nr.rule_kernel, "must be 'python3'"),
     (code_first, nr.rule_first_cell_links_lesson, "first cell must be Markdown"),
     (no_lesson_link, nr.rule_first_cell_links_lesson, "must link its lesson ../lessons/01-demo.md"),

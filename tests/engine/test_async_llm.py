@@ -15,7 +15,7 @@ from engine_core_faults import POISON_MIN_P, PoisonedEngineArgs
 
 from ref_engine import SamplingParams
 from ref_engine.async_engine.async_llm import AsyncLLM, EngineGenerateError
-from ref_engine.async_engine.core_client import EngineDeadError
+from ref_engine.engine_core.client import EngineDeadError
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 

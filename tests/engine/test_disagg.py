@@ -20,7 +20,8 @@ import torch
 from core import EngineConfig
 from core.math_utils import cdiv
 from ref_engine import LLM, SamplingParams
-from ref_engine.disagg import DisaggregatedGenerateError, DisaggregatedLLM, EngineProcessError
+from ref_engine.disagg import DisaggregatedGenerateError, DisaggregatedLLM
+from ref_engine.engine_core.client import EngineDeadError
 from ref_engine.kv_transfer.shared_memory_connector import SEGMENT_PREFIX
 
 NEW_TOKENS = 8
@@ -111,7 +112,7 @@ def test_a_killed_decode_engine_fails_its_requests_and_nothing_hangs(tiny, coloc
         stats = llm.prefill.stats(timeout_s=30)  # answered after the discards sent before it
         assert stats.num_free_blocks == stats.num_kv_blocks and stats.num_unfinished_requests == 0
         assert kv_segments() == []
-        with pytest.raises(EngineProcessError, match="decode engine process died"):
+        with pytest.raises(EngineDeadError, match="decode engine process died"):
             llm.generate(prompts[0], GREEDY)
     finally:
         llm.close()
@@ -119,6 +120,7 @@ def test_a_killed_decode_engine_fails_its_requests_and_nothing_hangs(tiny, coloc
 
 
 @pytest.mark.slow
+@pytest.mark.long  # 27 s: test_greedy_outputs_equal_one_colocated_engine checks the same equality on a tiny model
 def test_smollm2_greedy_outputs_equal_one_colocated_engine(smollm2_path):
     prompts = ["The capital of France is", "Write a haiku about the sea.", "1, 2, 3, 4,"]
     params = SamplingParams(max_tokens=12, temperature=0.0)

@@ -8,11 +8,12 @@ from dataclasses import replace
 import pytest
 import torch
 
+from core.config import EngineConfig
 from core.kv_sizing import CPU_KV_CACHE_MEMORY
-from ref_engine.engine import LLMEngine
+from ref_engine.engine import LLM, LLMEngine
 from ref_engine.worker import parameter_bytes
 from sim.hardware import HardwareProfile
-from sim.simulator import num_kv_blocks_for
+from sim.simulator import Simulator, num_kv_blocks_for
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +55,39 @@ def test_a_pool_bigger_than_the_free_device_memory_is_refused(engine, monkeypatc
     monkeypatch.setattr(worker, "device", torch.device("cuda"))
     with pytest.raises(ValueError, match="lower gpu_memory_utilization"):
         worker.determine_num_kv_blocks()
+
+
+def test_memory_the_caching_allocator_holds_unused_counts_as_free(engine, monkeypatch):
+    """A dropped engine's pool stays reserved by torch's allocator: mem_get_info calls it taken, the next
+    pool may have it (reserved - allocated)."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**6, 2 * 10**9))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 15 * 10**8)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10**8)
+    worker = engine.model_executor.driver_worker
+    monkeypatch.setattr(worker, "device", torch.device("cuda"))
+    monkeypatch.setattr(worker, "worker_config",
+                        replace(worker.worker_config, config=engine.config.replace(gpu_memory_utilization=0.5)))
+    assert worker.determine_num_kv_blocks() > 0
+
+
+def test_shutdown_frees_the_pool_and_a_closed_engine_takes_no_requests(make_tiny_hf_model, monkeypatch):
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    with LLM(make_tiny_hf_model("llama", name="kv-shutdown"), device="cpu", num_kv_blocks=16) as llm:
+        engine = llm.llm_engine
+        assert llm.generate("hi", use_tqdm=False)[0].finished
+    assert engine.runner is None and engine.proposer is None
+    assert not emptied  # only a CUDA engine gives cached memory back
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate("hi", use_tqdm=False)
+    engine.device = torch.device("cuda")
+    llm.shutdown()  # idempotent
+    assert emptied
+
+
+def test_engine_and_simulator_size_the_same_swap_pool(make_tiny_hf_model):
+    config = dict(num_kv_blocks=16, preemption_mode="swap", swap_space=0.01)
+    engine = LLMEngine(make_tiny_hf_model("llama", name="kv-swap"), dtype="float32", device="cpu", **config)
+    simulated = Simulator(engine.arch, "local-cpu", EngineConfig(**config), dtype="float32")
+    assert engine.scheduler.num_swap_blocks == simulated.config.num_swap_blocks == 0.01 * 2**30 // per_block(engine)
+    assert len(engine.runner.host_kv_caches[0][0]) == engine.scheduler.num_swap_blocks

@@ -1,6 +1,7 @@
 """`serving-lab demo LESSON` (course/): every lesson's demo runs in its fast sizes on a tiny random
-model, prints the measured and simulated numbers side by side with the error, and writes its plot. The
-simulator prices this machine with the `local-cpu` profile, so no calibration runs; nothing asserts a time."""
+model, prints the measured and simulated numbers side by side with the error, and its beats, and writes its
+plot. The simulator prices this machine with the `local-cpu` profile, so no calibration runs; nothing asserts a
+time."""
 
 from __future__ import annotations
 
@@ -38,6 +39,18 @@ def table_column(out: str, name: str) -> list[str]:
     return rows
 
 
+# the beats a demo must print besides its table (INSTRUCTOR.md): the occupancy of both schedulers, the other
+# tenant's cold prompt, and two SLOs that pick two configurations
+BEATS = {
+    "batching": [r"occupancy at cap 12, 3 slots: static batching ran \d+ steps with \d+% of its slot-steps idle, "
+                 r"continuous \d+ steps with \d+% idle"],
+    "prefix": [r"side channel: .* A: TTFT \d+ ms measured, 64 tokens hit, B: TTFT \d+ ms measured, 0 tokens hit, "
+               r"A, salted: TTFT \d+ ms measured, 0 tokens hit"],
+    "tuning": [r"first_token \(TTFT 150 ms, TPOT 20 ms\): max_num_seqs=128 max_num_batched_tokens=1024",
+               r"smooth \(TTFT 500 ms, TPOT 8.5 ms\): max_num_seqs=128 max_num_batched_tokens=256"],
+}
+
+
 @pytest.mark.parametrize("name", list(DEMOS))
 def test_demo_prints_both_sides_and_writes_its_plot(name, tiny, tmp_path, capsys):
     cli.main(["demo", name, "--fast", "--model", str(tiny), "--hardware", "local-cpu", "--out", str(tmp_path)])
@@ -49,6 +62,8 @@ def test_demo_prints_both_sides_and_writes_its_plot(name, tiny, tmp_path, capsys
     assert all(math.isfinite(x) and x >= 0 for x in measured + simulated)
     assert all(re.fullmatch(r"[+-]\d+\.\d%", e) for e in errors), errors
     assert "GPU what-if, Llama-3.1-8B on H100-SXM (simulated):" in out
+    for beat in BEATS.get(name, []):
+        assert re.search(beat, out), beat
     plot = tmp_path / f"{name}.png"
     assert f"plot: {plot}" in out
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

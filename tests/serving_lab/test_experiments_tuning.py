@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from course import tuning_knobs as tuning
 from serving_lab.sweep import SLO, SweepResult
@@ -38,3 +39,9 @@ def test_the_tuning_manifest_uses_plain_vllm_knobs():
     config = tuning.tuning_manifest("llama-3.1-8b").engine_config()
     assert config.prefill_budget_tokens is None and config.scheduling_policy == "fcfs"
     assert tuning.tuning_manifest().engine.model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_numerics_measures_the_weight_only_paths_only_on_a_cpu():
+    """int8 and int4 run on torch's CPU weight-only kernels, which refuse CUDA."""
+    assert tuning.quantized_paths_on(torch.device("cpu")) == ["int8", "int4"]
+    assert tuning.quantized_paths_on(torch.device("cuda")) == []

@@ -4,6 +4,7 @@ flags win over the file, `--to-vllm` speaks only vLLM's real flags, and `simulat
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any, get_args
@@ -312,9 +313,14 @@ def test_simulate_speculation_needs_an_acceptance_rate(tmp_path, capsys):
     ("synthetic:0:64:16", "NUM_REQUESTS must be a positive integer"),
     ("synthetic:8:64:16:fast", "RATE must be a positive number"),
     ("synthetic:8:64:16:0", "RATE must be a positive number"),
+    ("chat:8:3:64:32", "expected chat:NUM_CONVERSATIONS:TURNS:SYSTEM_LEN:USER_LEN:OUTPUT_LEN[:RATE] (got 4 fields"),
+    ("chat:8:0:64:32:16", "TURNS must be a positive integer, got '0'"),
+    ("chat:8:3:-1:32:16", "SYSTEM_LEN must be a non-negative integer, got '-1'"),
+    ("chat:8:3:64:16-32:16", "USER_LEN must be a positive integer, got '16-32'"),
+    ("chat:8:3:64:32:16:soon", "RATE must be a positive number"),
 ])
 def test_a_bad_workload_spec_shows_the_expected_form(spec, error):
-    with pytest.raises(ValueError, match=error.replace("[", r"\[")):
+    with pytest.raises(ValueError, match=re.escape(error)):
         parse_workload(spec)
 
 
@@ -325,6 +331,19 @@ def test_a_workload_spec_names_its_lengths_and_rate():
     mixed = parse_workload("synthetic:50:32-1024:16-512:20")
     assert all(32 <= r.prompt_len <= 1024 and 16 <= r.output_len <= 512 for r in mixed.requests)
     assert len({r.prompt_len for r in mixed.requests}) > 10
+
+
+def test_a_chat_spec_replays_a_shared_system_prompt_and_growing_histories():
+    workload = parse_workload("chat:3:2:40:8:4,tenants=a:1")
+    assert [(r.prompt_len, r.output_len) for r in workload.requests] == [(48, 4)] * 3 + [(60, 4)] * 3
+    assert {r.tenant for r in workload.requests} == {"a"} and workload.requests[-1].arrival_time == 0
+    prompts = [r.prompt_token_ids for r in workload.make_requests(vocab_size=1000)]
+    assert len({tuple(p[:40]) for p in prompts}) == 1  # one system prompt for every conversation
+    assert len({tuple(p[:48]) for p in prompts[:3]}) == 3  # conversations differ after it
+    assert all(prompts[3 + c][:48] == prompts[c] for c in range(3))  # turn 2 re-sends turn 1 as its prefix
+    timed = parse_workload("chat:3:2:0:8:4:5")
+    assert [r.prompt_len for r in timed.requests] == [8] * 3 + [20] * 3
+    assert sorted(r.arrival_time for r in timed.requests) == [r.arrival_time for r in timed.requests] > [0.0] * 6
 
 
 def test_the_readme_maps_the_six_metrics_onto_vllm_series():

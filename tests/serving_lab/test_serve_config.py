@@ -69,9 +69,10 @@ def test_a_bad_manifest_or_flag_exits_2_with_one_line_naming_the_key(tmp_path, t
     assert len(err.splitlines()) == 1 and key in err and "Traceback" not in err, err
 
 
-def test_the_tensor_parallel_degree_travels_in_the_engine_core_s_engine_kwargs(monkeypatch, tiny):
-    """`serve --tensor-parallel-size N`, alone or over a manifest's key, reaches the keywords the engine-core
-    process builds its `LLMEngine` from (stopped there: no process starts)."""
+def test_the_tensor_parallel_degree_travels_in_the_engine_core_s_engine_kwargs(monkeypatch, tmp_path, tiny):
+    """A manifest's `engine.tensor_parallel_size`, and `serve --tensor-parallel-size N` alone or over it,
+    reach the keywords the engine-core process builds its `LLMEngine` from (stopped there: no process
+    starts)."""
     class Built(Exception):
         pass
 
@@ -79,14 +80,17 @@ def test_the_tensor_parallel_degree_travels_in_the_engine_core_s_engine_kwargs(m
         raise Built(engine_args)
 
     monkeypatch.setattr("ref_engine.entrypoints.openai.api_server.AsyncLLM", capture)
+    data = yaml.safe_load(EXAMPLE_MANIFEST.read_text())
+    data["engine"]["tensor_parallel_size"] = 3
+    (tmp_path / "tp3.yaml").write_text(yaml.safe_dump(data))
     degrees = []
-    for argv in ([str(tiny), "--tensor-parallel-size", "2"],
+    for argv in ([str(tiny), "--tensor-parallel-size", "2"], ["--config", str(tmp_path / "tp3.yaml")],
                  ["--config", str(EXAMPLE_MANIFEST), "--tensor-parallel-size", "3"]):
         args = cli.build_parser().parse_args(["serve", *argv])
         with pytest.raises(Built) as built:
             build_server(args, cli.serve_config(args))
         degrees.append(built.value.args[0].engine_kwargs["tensor_parallel_size"])
-    assert degrees == [2, 3]
+    assert degrees == [2, 3, 3]
 
 
 def test_a_manifest_that_does_not_stream_answers_stream_requests_with_400(tmp_path, tiny):

@@ -25,7 +25,7 @@ import uvicorn
 from live_server import free_port, wait_healthy
 
 from ref_engine.async_engine.async_llm import AsyncLLM
-from ref_engine.async_engine.core import EngineArgs
+from ref_engine.engine_core.core import EngineCoreArgs
 from ref_engine.entrypoints.openai.api_server import build_app
 from ref_engine.entrypoints.openai.tenants import ApiKey
 
@@ -44,7 +44,7 @@ def wide(make_tiny_hf_model):
 @contextmanager
 def serving(model, api_keys: dict[str, ApiKey] | None) -> Iterator[str]:
     port = free_port()
-    engine = AsyncLLM(EngineArgs(str(model), num_threads=1, engine_kwargs={"num_kv_blocks": 512}))
+    engine = AsyncLLM(EngineCoreArgs(str(model), num_threads=1, engine_kwargs={"num_kv_blocks": 512}))
     uv = uvicorn.Server(uvicorn.Config(build_app(engine, api_keys=api_keys), host="127.0.0.1", port=port,
                                        log_level="warning"))
     thread = threading.Thread(target=uv.run, daemon=True)

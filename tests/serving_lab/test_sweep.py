@@ -186,3 +186,26 @@ def test_an_int8_manifest_stops_at_a_profile_that_cannot_price_int8():
                                             "dtype 'int8'"):
         Sweep(load_manifest(EXAMPLE_MANIFEST, {"engine.quantization": "int8"}), parse_grid({"max_num_seqs": [2]}),
               "synthetic:2:16:4", hardware="local-cpu")
+
+
+def test_a_numeric_point_the_profile_cannot_price_is_left_unpriced():
+    sweep = _sweep({"quantization": [None, "int8"], "max_num_seqs": [2, 4], "measure": [{"quantization": "int8"}]})
+    sweep.measure = lambda points, *args: []  # the engine side: the slow tests
+    result = run_sweep(sweep)
+    rows = {row["point"]: row for row in result.simulated()}
+    unpriced = rows["quantization=int8 max_num_seqs=2"]
+    assert "has no rate for int8" in unpriced["unpriced"] and unpriced["output_throughput"] is None
+    assert rows["quantization=None max_num_seqs=2"]["output_throughput"] > 0
+    assert result.front and all("int8" not in point for point in result.front)
+    with pytest.raises(ManifestError, match="the engine cannot run it with dtype=bfloat16"):
+        _sweep({"quantization": ["int4"], "dtype": ["bfloat16"]}).check_engine_can_run(
+            parse_grid({"quantization": ["int4"], "dtype": ["bfloat16"]}).points()[0])
+
+
+@pytest.mark.slow
+def test_a_kv_cache_dtype_point_is_measured_and_judged_on_the_eval_set(smollm2):
+    sweep = Sweep(load_manifest(EXAMPLE_MANIFEST), parse_grid({"kv_cache_dtype": ["auto", "bfloat16"]}), "chat:2:2:8:4:4",
+                  hardware="local-cpu")
+    reference, bf16 = sweep.measure(sweep.grid.points(), model=smollm2, eval_prompts=2, eval_tokens=4)
+    assert reference["completed"] == bf16["completed"] == 4 and "mean_kl" not in reference
+    assert 0 <= bf16["mean_kl"] < 0.05 and 0 <= bf16["agreement"] <= 1

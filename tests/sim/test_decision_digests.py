@@ -67,7 +67,7 @@ RUNS = {
     "spec_draft": lambda: (EngineConfig(max_num_seqs=8, max_model_len=4096, speculative_method="draft_model",
                                         speculative_model="self:4", num_speculative_tokens=3,
                                         speculative_disable_by_batch_size=None, num_kv_blocks=40,
-                                        preemption_mode="swap"),
+                                        preemption_mode="swap", num_swap_blocks=40),
                            Workload.synthetic(60, (16, 256), (8, 200), arrival=2.0, seed=4),
                            {"acceptance": AcceptanceRate((0.7,))}),
 }

@@ -22,6 +22,9 @@ key marked `"admin": true` resets every tenant, or the one `?tenant=` names.
 
 Every refused or failed request is counted in `serving_lab:request_failures_total{reason,status}`.
 
+With `--dashboard` the app also serves the live dashboard (ref_engine/entrypoints/dashboard/) at
+/dashboard: like /metrics it needs no key, and it shows the tenants' names and service.
+
 Lesson: lessons/06-architecture-map.md (the API server).
 """
 
@@ -32,17 +35,19 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 
 from core.config import EngineConfig
 from ref_engine.async_engine.async_llm import AsyncLLM
-from ref_engine.async_engine.core import EngineArgs
+from ref_engine.engine_core.core import EngineCoreArgs
+from ref_engine.entrypoints.dashboard.live import live_frames
+from ref_engine.entrypoints.dashboard.routes import Frames, install_dashboard
 from ref_engine.entrypoints.openai import openai_routes, ops_routes
 from ref_engine.entrypoints.openai.admission import Admission
 from ref_engine.entrypoints.openai.errors import EXCEPTION_HANDLERS
@@ -91,7 +96,26 @@ def build_app(engine: AsyncLLM, *, served_model_name: str | None = None,
     app.include_router(openai_routes.router)
     if engine.tracer is not None:
         app.include_router(ops_routes.trace_router)
+    if engine.step_feed is not None:
+        install_dashboard(app, dashboard_frames(state))
     return RequestIdMiddleware(app, max_request_bytes, state.refuse)
+
+
+def dashboard_frames(state: ServerState) -> Callable[[Request], Frames]:
+    """What /dashboard/events streams: the engine's live frames once the server is ready (a 503 before),
+    until it drains; beside each tenant's service, its weight under the fair policy (None under another)."""
+    knobs = state.engine.engine_args.engine_kwargs
+    config = knobs.get("config")
+    weights = dict(knobs.get("tenant_weights", config.tenant_weights if config is not None else None) or ())
+
+    def open_frames(request: Request) -> Frames:
+        state.check_ready()
+        engine = state.engine
+        fair = engine.model_config.scheduling_policy == "fair"
+        return live_frames(engine.step_feed, engine.stat_logger.registry, engine.model_name,
+                           weights if fair else None, lambda: state.stopping)
+
+    return open_frames
 
 
 class DrainingServer(uvicorn.Server):
@@ -181,11 +205,12 @@ def build_server(args: argparse.Namespace, config: EngineConfig | None = None) -
               "it; `user` only groups requests for the fair policy)", flush=True)
     chat_template = Path(args.chat_template).read_text(encoding="utf-8") if args.chat_template else None
     served_model_name = getattr(args, "served_model_name", None)
-    engine = AsyncLLM(EngineArgs(getattr(args, "model", None), dtype=getattr(args, "dtype", "float32"),
-                                 quantization=getattr(args, "quantization", None),
-                                 kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
-                                 enforce_eager=getattr(args, "enforce_eager", True), engine_kwargs=knobs,
-                                 trace_requests=args.trace_requests), served_model_name)
+    engine = AsyncLLM(EngineCoreArgs(getattr(args, "model", None), dtype=getattr(args, "dtype", "float32"),
+                                     quantization=getattr(args, "quantization", None),
+                                     kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
+                                     enforce_eager=getattr(args, "enforce_eager", True), engine_kwargs=knobs,
+                                     trace_requests=args.trace_requests, dashboard=args.dashboard),
+                      served_model_name)
     app = build_app(engine, served_model_name=served_model_name, api_keys=key_file.keys if key_file else None,
                     tenants=policies if key_file else None, max_pending_requests=args.max_pending_requests,
                     max_request_bytes=args.max_request_bytes, chat_template=chat_template,

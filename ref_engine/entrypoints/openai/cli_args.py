@@ -49,5 +49,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-template", default=None, help="a jinja2 chat template file (default: the model's)")
     parser.add_argument("--trace-requests", action="store_true",
                         help="record each request's timeline; read it at GET /debug/trace/<X-Request-Id>")
+    parser.add_argument("--dashboard", action="store_true",
+                        help="serve a live dashboard at /dashboard (the batch, the KV pool, queues, tenants, "
+                             "latencies); like /metrics it needs no key, and it shows the tenants' names")
     parser.add_argument("--graceful-timeout", type=float, default=30.0,
                         help="seconds open requests may run after SIGINT/SIGTERM (new ones get 503 meanwhile)")

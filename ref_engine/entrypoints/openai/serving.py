@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ref_engine.async_engine.async_llm import AsyncLLM, EngineGenerateError
-from ref_engine.async_engine.core_client import EngineDeadError
+from ref_engine.engine_core.client import EngineDeadError
 from ref_engine.entrypoints.openai.admission import Admission, AdmissionRefused, Reservation
 from ref_engine.entrypoints.openai.protocol import UNSUPPORTED, ErrorType, SamplingFields, StreamOptions
 from ref_engine.outputs import CompletionOutput, RequestOutput
