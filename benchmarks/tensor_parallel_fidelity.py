@@ -121,7 +121,7 @@ def table(profile: HardwareProfile, arch: ArchConfig, measured: dict[int, dict[s
                 f"| {name} | {tp} | {m.step_s * 1e3:.1f} | {cost.total_s * 1e3:.1f} | "
                 f"{100 * (cost.total_s / m.step_s - 1):+.0f}% | {ratio} | {tokens / m.step_s:.0f} / "
                 f"{tokens / cost.total_s:.0f} | {(cost.compute_s + cost.memory_s) * 1e3:.1f} / {cost.comm_s * 1e3:.1f} / "
-                f"{cost.overhead_s * 1e3:.1f} | {m.all_reduce_s[0] * 1e3:.1f}-{m.all_reduce_s[1] * 1e3:.1f} |")
+                f"{cost.overhead_s * 1e3:.1f} (turns x{cost.tp_turns:.2f}) | {m.all_reduce_s[0] * 1e3:.1f}-{m.all_reduce_s[1] * 1e3:.1f} |")
     return "\n".join(lines)
 
 
@@ -140,7 +140,8 @@ def main() -> None:
                           for p, (lat, bw) in sorted(profile.measured_allreduce.items()))
     print(f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs; "
           f"{datetime.datetime.now().isoformat(timespec='minutes')}; {loaded.model_id} float32; profile "
-          f"{profile.name} fitted {profile.provenance.get('fitted_at')} (all-reduce: {allreduce}); fastest of "
+          f"{profile.name} fitted {profile.provenance.get('fitted_at')} (all-reduce: {allreduce}; time slice "
+          f"{profile.scheduler_slice_s * 1e3:.2f} ms); fastest of "
           f"{args.repeats} passes; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '')}; "
           f"{time.perf_counter() - started:.0f} s\n")
     print(table(profile, loaded.arch, measured))

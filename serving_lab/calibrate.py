@@ -62,6 +62,7 @@ from core.math_utils import cdiv
 from core.metrics import RunMetrics, StepRecord
 from core.workload import Workload
 from serving_lab.collectives import fit_allreduce, measure_allreduce
+from serving_lab.time_slice import measure_time_slice
 from sim.cost_model import ROOFLINE_FEATURE_NAMES, ROOFLINE_UNKNOWNS, BatchShape, CostModel
 from sim.hardware import HardwareProfile
 
@@ -266,17 +267,21 @@ def with_measured_allreduce(profile: HardwareProfile, world_sizes: Sequence[int]
     """`profile` (a CPU's) with this machine's tensor-parallel terms: `cores` (None: the engine's `cpu_cores()`), `threads`
     (the threads it was measured on, from its provenance), and the gloo all-reduce measured among each of
     `world_sizes` processes, fitted (`measured_allreduce`; the interconnect terms get the 2-process fit, a
-    point-to-point exchange of the buffer, which pipeline stages and KV transfers between ranks price).
+    point-to-point exchange of the buffer, which pipeline stages and KV transfers between ranks price), and
+    the OS's time slice (`scheduler_slice_s`, serving_lab/time_slice.py: two processes spin on one core for
+    0.5 s, ~0.6 s in all), which decides whether ranks that do not fit the cores take turns.
     `world_sizes=()` measures nothing."""
+
     if cores is None:
         from ref_engine.distributed.parallel_state import cpu_cores
 
         cores = cpu_cores()
     measured = measure_allreduce(world_sizes, cores=cores) if world_sizes else {}
+    slice_s = (measure_time_slice() or 0.0) if world_sizes else profile.scheduler_slice_s
     fits = [fit_allreduce(timings) for timings in measured.values()]
     pair = next((fit for fit in fits if fit.world_size == 2), None)
     return replace(
-        profile, cores=cores, threads=profile.provenance["threads"],
+        profile, cores=cores, threads=profile.provenance["threads"], scheduler_slice_s=slice_s,
         measured_allreduce={fit.world_size: [fit.latency_s, fit.bus_bandwidth] for fit in fits},
         interconnect_latency_s=pair.latency_s if pair else profile.interconnect_latency_s,
         interconnect_bandwidth=pair.bus_bandwidth if pair else profile.interconnect_bandwidth,
@@ -489,6 +494,9 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32", threads: int
         return calibrate(loaded, **refit)
     if device_type == "cpu" and not profile.cores:  # saved before calibration measured tensor parallelism's terms
         profile = with_measured_allreduce(profile)
+        profile.save()
+    elif device_type == "cpu" and not profile.scheduler_slice_s:  # saved before it measured the time slice
+        profile = replace(profile, scheduler_slice_s=measure_time_slice() or 0.0)
         profile.save()
     unsteady = unsteady_fit(profile)
     age = fit_age_s(profile)

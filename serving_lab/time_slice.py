@@ -6,7 +6,7 @@ slices. A rank's stretch of work between two all-reduces that is shorter than a 
 (3 ranks on 2 cores: two, then the third); a longer one is cut into slices and shared fairly. The slice
 length decides which, so the cost model needs it (`HardwareProfile.scheduler_slice_s`, sim/cost_model.py).
 It is the kernel's (Linux's EEVDF base slice, rounded up to its timer tick), not readable without debugfs, so
-it is measured: two spawned processes pinned to one core spin for `SPIN_SECONDS`, each noting when it was off
+it is measured: two child processes pinned to one core spin for `SPIN_SECONDS`, each noting when it was off
 the core, and the median length of their runs on it is the slice.
 
 Lesson: lessons/07-tuning-knobs.md#parallelism
@@ -33,7 +33,8 @@ def measure_time_slice(spin_seconds: float = SPIN_SECONDS) -> float | None:
         return None
     if spin_seconds <= 0:
         raise ValueError(f"spin_seconds must be > 0, got {spin_seconds}")
-    context = multiprocessing.get_context("spawn")
+    # fork where there is one: a spawned child would import the parent's main module (torch, often) first
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     results = context.SimpleQueue()
     core = min(os.sched_getaffinity(0))
     processes = [context.Process(target=_spin, args=(core, spin_seconds, results)) for _ in range(2)]

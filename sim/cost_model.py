@@ -57,17 +57,25 @@ Time (seconds)
                  softmax, gathers); the efficiencies are fitted (sim/hardware.py)
     memory_s   = (weight + kv_read + kv_write + activation bytes) / (memory_bandwidth * bandwidth_efficiency * r)
                  r = HardwareProfile.tensor_parallel_rate(tp): tp on GPUs (a device per rank); on a CPU the
-                 ranks share its cores: each has 1/tp of the work on t = max(1, cores // tp) threads, and the ranks
-                 that do not fit the cores at once run after the others, in n = ceil(tp / (cores // t)) rounds
-                 (`tensor_parallel_rounds`), so r = tp * t / (threads * n) for tp > 1, 1 for tp = 1.
+                 ranks share its cores: each has 1/tp of the work on t = max(1, cores // tp) threads, and where
+                 they do not all fit the cores the OS shares the cores out, s = tp / (cores // t) ranks a core
+                 (`tensor_parallel_sharing`), so r = tp * t / (threads * s) for tp > 1, 1 for tp = 1.
                  The LM head's share of FLOPs and bytes (2 * V * H * R, V * H * a (+ packing), R * V * a) runs at
                  r_head = HardwareProfile.lm_head_rate(tp) instead: r on GPUs (vLLM's vocabulary-parallel head),
                  on a CPU max(1, cores // tp) / threads (ref_engine runs the head on rank 0 alone, after the layers)
-    overhead_s = n * (step_overhead_s + per_seq_overhead_s * N + per_token_overhead_s * T
+    overhead_s = s * f * (step_overhead_s + per_seq_overhead_s * N + per_token_overhead_s * T
                  + per_block_overhead_s * blocks),    blocks = sum_i ceil((c_i + q_i) / block_size)
-                 (or BatchShape.num_blocks_touched when the caller knows it); n = 1 but on a CPU whose cores
-                 cannot hold all tp ranks at once: each rank runs the whole forward's Python, in its turn (on the
-                 course VM the engine's own process took 0.4-4 ms of a 56-376 ms step, the rest was the forward)
+                 (or BatchShape.num_blocks_touched when the caller knows it); s = f = 1 but on a CPU whose cores
+                 cannot hold all tp ranks at once: each rank runs the whole forward's Python (on the course VM
+                 the engine's own process took 0.4-4 ms of a 56-376 ms step, the rest was the forward), so the
+                 ranks share the cores for s times its length.
+    turns f    on such a CPU the ranks run in lockstep, an all-reduce after every attention and every MLP: 2 L
+                 stretches a step, one rank's own stretch being w = (combine(compute_s, memory_s) / s + overhead
+                 of one rank) / (2 L). A stretch shorter than the OS's time slice
+                 (`HardwareProfile.scheduler_slice_s`, measured) runs whole, so the ranks take turns, n =
+                 `tensor_parallel_rounds(tp)` of them, where fair sharing would take s: f = n / s (3 one-thread
+                 ranks on 2 cores: 2 / 1.5), applied to compute_s, memory_s and overhead_s. A longer stretch is
+                 cut into slices and shared fairly: f = 1. A profile with no slice measured (0) takes turns.
     comm_s     = 0 if tp == 1, else 2 * L all-reduces (after attention and after the MLP) of T * H * a bytes,
                  each costing latency + 2 * (tp - 1) / tp * (T * H * a) / bus bandwidth
                  (a ring all-reduce sends and receives 2 (tp - 1) / tp of the buffer per device), where
@@ -208,6 +216,7 @@ class StepCost:
     overhead_s: float
     total_s: float
     bound: Literal["compute", "memory"]
+    tp_turns: float = 1.0  # `CostModel.turn_factor`: > 1 where a CPU's tp ranks took turns on its cores
 
     @property
     def flops(self) -> float:
@@ -312,7 +321,9 @@ class CostModel:
         self._activation_bytes_per_logit_row = V * a
         # rates, per step (already divided among the tp ranks)
         self._parallel_rate = rate = hardware.tensor_parallel_rate(tp)
+        self._sharing = hardware.tensor_parallel_sharing(tp)
         self._rounds = hardware.tensor_parallel_rounds(tp)
+        self._stretches = 2 * L  # all-reduces a step: lockstep points between which a rank runs alone
         self._lm_head_extra_weight = rate / hardware.lm_head_rate(tp) - 1
         self._seconds_per_flop = 1.0 / (hardware.matmul_flops(compute_dtype(dtype, hardware)) * rate)
         self._seconds_per_attention_flop = 1.0 / (hardware.flops_for(self.activation_dtype)
@@ -356,6 +367,17 @@ class CostModel:
         activations = self._activation_bytes_per_token * tokens + self._activation_bytes_per_logit_row * rows
         return linear, attention, weights, kv_read, kv_write, activations, packed
 
+    def _combine(self, compute_s: float, memory_s: float) -> float:
+        return max(compute_s, memory_s) if self.combine == "max" else compute_s + memory_s
+
+    def _lm_head_own(self, shape: BatchShape) -> tuple[float, float, float]:
+        """(FLOPs, bytes, packed bytes) of the LM head in a step's totals: its matmul, its weights and logits."""
+        rows = shape.num_seqs if shape.num_logit_rows is None else shape.num_logit_rows
+        if not rows:
+            return 0.0, 0.0, 0.0
+        return (self._flops_per_logit_row * rows, self._lm_head_bytes + self._activation_bytes_per_logit_row * rows,
+                self._lm_head_bytes if rows > 1 else 0.0)
+
     def _lm_head_extra(self, shape: BatchShape) -> tuple[float, float, float]:
         """(FLOPs, bytes, packed bytes) to add to a step's so that the LM head is priced at its own rate
         (`HardwareProfile.lm_head_rate`) rather than the decoder layers': its work times
@@ -369,9 +391,23 @@ class CostModel:
                 extra * self._lm_head_bytes if rows > 1 else 0.0)
 
     def _overhead_s(self, num_seqs: int, tokens: int, blocks: int) -> float:
+        """One rank's step overhead (the whole step's on one device; each CPU rank runs it all)."""
         hw = self.hardware
-        return self._rounds * (hw.step_overhead_s + hw.per_seq_overhead_s * num_seqs
-                               + hw.per_token_overhead_s * tokens + hw.per_block_overhead_s * blocks)
+        return (hw.step_overhead_s + hw.per_seq_overhead_s * num_seqs
+                + hw.per_token_overhead_s * tokens + hw.per_block_overhead_s * blocks)
+
+    def turn_factor(self, core_s: float, rank_overhead_s: float) -> float:
+        """f of the module docstring: how much longer than fair sharing a step takes because the tp ranks take
+        turns on a CPU's cores. 1 where the ranks fit (GPUs, tp = 1, enough cores) or where one rank's stretch
+        between two all-reduces, (core_s / s + rank_overhead_s) / (2 L), is at least a time slice; else
+        rounds / s. `core_s`: combine(compute_s, memory_s) under fair sharing."""
+        if self._sharing == 1.0:
+            return 1.0
+        slice_s = self.hardware.scheduler_slice_s
+        stretch_s = (core_s / self._sharing + rank_overhead_s) / self._stretches
+        if slice_s and stretch_s >= slice_s:
+            return 1.0
+        return self._rounds / self._sharing
 
     def step_time(self, shape: BatchShape) -> float:
         """Seconds for one engine step running `shape`."""
@@ -390,19 +426,28 @@ class CostModel:
         linear, attention, weights, kv_read, kv_write, activations, packed = self._flops_and_bytes(
             shape, tokens, pairs, ctx_read)
         weights += self._packing_passes * packed
+        # the LM head, at its own rate (`_lm_head_extra`) and outside the ranks' turns (rank 0 runs it alone)
+        own_flops, own_bytes, own_packed = self._lm_head_own(shape)
         head_flops, head_bytes, head_packed = self._lm_head_extra(shape)
-        compute_s = (linear + head_flops) * self._seconds_per_flop + attention * self._seconds_per_attention_flop
-        memory_s = (weights + kv_read + kv_write + activations + head_bytes + self._packing_passes * head_packed
-                    ) * self._seconds_per_byte
-        core = max(compute_s, memory_s) if self.combine == "max" else compute_s + memory_s
+        pp = self._packing_passes
+        head_compute_s = (own_flops + head_flops) * self._seconds_per_flop
+        head_memory_s = (own_bytes + pp * own_packed + head_bytes + pp * head_packed) * self._seconds_per_byte
+        layers_compute_s = (linear - own_flops) * self._seconds_per_flop + attention * self._seconds_per_attention_flop
+        layers_memory_s = (weights + kv_read + kv_write + activations - own_bytes - pp * own_packed
+                           ) * self._seconds_per_byte
         comm_s = self._comm_s(tokens)
         overhead_s = self._overhead_s(shape.num_seqs, tokens, blocks)
+        turns = self.turn_factor(self._combine(layers_compute_s, layers_memory_s), overhead_s)
+        compute_s = layers_compute_s * turns + head_compute_s
+        memory_s = layers_memory_s * turns + head_memory_s
+        core = self._combine(compute_s, memory_s)
+        overhead_s *= self._sharing * turns
         return StepCost(
             num_seqs=shape.num_seqs, num_tokens=tokens, num_blocks=blocks,
             linear_flops=linear, attention_flops=attention, weight_bytes=weights, kv_read_bytes=kv_read,
             kv_write_bytes=kv_write, activation_bytes=activations, compute_s=compute_s, memory_s=memory_s,
             comm_s=comm_s, overhead_s=overhead_s, total_s=core + comm_s + overhead_s,
-            bound="compute" if compute_s >= memory_s else "memory",
+            bound="compute" if compute_s >= memory_s else "memory", tp_turns=turns,
         )
 
     def block_copy_time(self, num_swapped: int, num_copied: int) -> float:
@@ -441,10 +486,14 @@ class CostModel:
         linear, attention, weights, kv_read, kv_write, activations, packed = self._flops_and_bytes(
             shape, tokens, pairs, ctx_read)
         head_flops, head_bytes, head_packed = self._lm_head_extra(shape)
-        rate, n = self._parallel_rate, self._rounds
-        return (float(n), float(n * shape.num_seqs), float(n * tokens), float(n * blocks), (linear + head_flops) / rate,
-                attention / rate, (packed + head_packed) / rate,
-                (weights + kv_read + kv_write + activations + head_bytes) / rate)
+        # the regime (turns or fair sharing, `turn_factor`) is the one this model's own rates give
+        f = self.breakdown(shape).tp_turns
+        own_flops, own_bytes, own_packed = self._lm_head_own(shape)
+        rate, n = self._parallel_rate, self._sharing * f
+        return (float(n), float(n * shape.num_seqs), float(n * tokens), float(n * blocks),
+                ((linear - own_flops) * f + own_flops + head_flops) / rate, attention * f / rate,
+                ((packed - own_packed) * f + own_packed + head_packed) / rate,
+                ((weights + kv_read + kv_write + activations - own_bytes) * f + own_bytes + head_bytes) / rate)
 
     # -- between machines --
 

@@ -32,6 +32,7 @@ def isolated_cache(tmp_path_factory):
 
 # The link the fake all-reduce measurement times: world size -> (latency s, bus bandwidth bytes/s).
 LINK = {2: (4e-4, 1.5e9), 3: (1.2e-3, 1.2e9)}
+SLICE_S = 4e-3  # the OS's time slice, as measured instead of 0.6 s of spinning processes
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -46,6 +47,7 @@ def known_allreduce():
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(calibration, "measure_allreduce", measure)
+        patch.setattr(calibration, "measure_time_slice", lambda: SLICE_S)
         yield measured
 
 
@@ -119,6 +121,18 @@ def test_a_cpu_profile_saved_before_the_all_reduce_gains_it_on_load(monkeypatch,
     assert loaded.measured_allreduce == saved.measured_allreduce and loaded.cores == saved.cores
     assert HardwareProfile.named(saved.name) == loaded  # saved with it
     assert calibration.with_measured_allreduce(old, ()).measured_allreduce == {}  # () measures nothing
+
+
+def test_a_cpu_profile_carries_the_time_slice_and_one_saved_without_gains_it_on_load(monkeypatch, tmp_path, saved,
+                                                                                    tiny, known_allreduce):
+    assert saved.scheduler_slice_s == SLICE_S
+    monkeypatch.setenv("SERVING_LAB_CACHE", str(tmp_path))
+    replace(saved, scheduler_slice_s=0.0).save()
+    log = _probe_at(monkeypatch, saved, 1.0)
+    measured_before = len(known_allreduce)
+    loaded = calibration.load_or_calibrate(tiny)
+    assert log == [] and known_allreduce[measured_before:] == []  # no refit, the all-reduce kept
+    assert loaded == saved and HardwareProfile.named(saved.name) == loaded
 
 
 @pytest.mark.parametrize("jitter, cpu_wait_pct, steady", [

@@ -168,7 +168,7 @@ def test_retimed_profile_scales_every_step_time(name):
     (0, 0, 4, 1, 4.0, 4.0),  # a GPU: a device per rank, the head split by vocabulary
     (2, 2, 1, 1, 1.0, 1.0),  # one rank is the engine as measured
     (2, 2, 2, 1, 1.0, 0.5),  # two 1-thread ranks on the 2 cores the profile measured with 2 threads
-    (2, 2, 3, 2, 0.75, 0.5),  # three 1-thread ranks on 2 cores: two at once, then the third
+    (2, 2, 3, 2, 1.0, 0.5),  # three 1-thread ranks on 2 cores: shared fairly, 1.0; or two turns (the cost model)
     (2, 2, 4, 2, 1.0, 0.5),  # four: two turns of two
     (2, 1, 2, 1, 2.0, 1.0),  # measured on 1 thread: two ranks use both cores
     (4, 2, 2, 1, 2.0, 1.0),  # 2 ranks x 2 threads on 4 cores, measured on 2
