@@ -29,10 +29,10 @@ def measure_time_slice(spin_seconds: float = SPIN_SECONDS) -> float | None:
     cannot pin a process to a core (no `os.sched_setaffinity`) or the runs were not cut at all."""
     import multiprocessing
 
-    if not hasattr(os, "sched_setaffinity"):
-        return None
     if spin_seconds <= 0:
         raise ValueError(f"spin_seconds must be > 0, got {spin_seconds}")
+    if not hasattr(os, "sched_setaffinity"):
+        return None
     # fork where there is one: a spawned child would import the parent's main module (torch, often) first
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     results = context.SimpleQueue()

@@ -426,22 +426,28 @@ class CostModel:
         linear, attention, weights, kv_read, kv_write, activations, packed = self._flops_and_bytes(
             shape, tokens, pairs, ctx_read)
         weights += self._packing_passes * packed
-        # the LM head, at its own rate (`_lm_head_extra`) and outside the ranks' turns (rank 0 runs it alone)
-        own_flops, own_bytes, own_packed = self._lm_head_own(shape)
         head_flops, head_bytes, head_packed = self._lm_head_extra(shape)
         pp = self._packing_passes
-        head_compute_s = (own_flops + head_flops) * self._seconds_per_flop
-        head_memory_s = (own_bytes + pp * own_packed + head_bytes + pp * head_packed) * self._seconds_per_byte
-        layers_compute_s = (linear - own_flops) * self._seconds_per_flop + attention * self._seconds_per_attention_flop
-        layers_memory_s = (weights + kv_read + kv_write + activations - own_bytes - pp * own_packed
-                           ) * self._seconds_per_byte
         comm_s = self._comm_s(tokens)
         overhead_s = self._overhead_s(shape.num_seqs, tokens, blocks)
-        turns = self.turn_factor(self._combine(layers_compute_s, layers_memory_s), overhead_s)
-        compute_s = layers_compute_s * turns + head_compute_s
-        memory_s = layers_memory_s * turns + head_memory_s
+        if self._sharing == 1.0:  # every rank on cores (or a device) of its own: no turns
+            turns = 1.0
+            compute_s = (linear + head_flops) * self._seconds_per_flop + attention * self._seconds_per_attention_flop
+            memory_s = (weights + kv_read + kv_write + activations + head_bytes + pp * head_packed
+                        ) * self._seconds_per_byte
+        else:  # the LM head at its own rate (`_lm_head_extra`) and outside the turns: rank 0 runs it alone
+            own_flops, own_bytes, own_packed = self._lm_head_own(shape)
+            head_compute_s = (own_flops + head_flops) * self._seconds_per_flop
+            head_memory_s = (own_bytes + pp * own_packed + head_bytes + pp * head_packed) * self._seconds_per_byte
+            layers_compute_s = ((linear - own_flops) * self._seconds_per_flop
+                                + attention * self._seconds_per_attention_flop)
+            layers_memory_s = (weights + kv_read + kv_write + activations - own_bytes - pp * own_packed
+                               ) * self._seconds_per_byte
+            turns = self.turn_factor(self._combine(layers_compute_s, layers_memory_s), overhead_s)
+            compute_s = layers_compute_s * turns + head_compute_s
+            memory_s = layers_memory_s * turns + head_memory_s
+            overhead_s *= self._sharing * turns
         core = self._combine(compute_s, memory_s)
-        overhead_s *= self._sharing * turns
         return StepCost(
             num_seqs=shape.num_seqs, num_tokens=tokens, num_blocks=blocks,
             linear_flops=linear, attention_flops=attention, weight_bytes=weights, kv_read_bytes=kv_read,
@@ -486,6 +492,11 @@ class CostModel:
         linear, attention, weights, kv_read, kv_write, activations, packed = self._flops_and_bytes(
             shape, tokens, pairs, ctx_read)
         head_flops, head_bytes, head_packed = self._lm_head_extra(shape)
+        if self._sharing == 1.0:  # no turns (GPUs, tp = 1, ranks that fit a CPU's cores)
+            rate = self._parallel_rate
+            return (1.0, float(shape.num_seqs), float(tokens), float(blocks), (linear + head_flops) / rate,
+                    attention / rate, (packed + head_packed) / rate,
+                    (weights + kv_read + kv_write + activations + head_bytes) / rate)
         # the regime (turns or fair sharing, `turn_factor`) is the one this model's own rates give
         f = self.breakdown(shape).tp_turns
         own_flops, own_bytes, own_packed = self._lm_head_own(shape)

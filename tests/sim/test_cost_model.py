@@ -230,7 +230,7 @@ def test_ranks_take_turns_on_stretches_shorter_than_a_time_slice(tiny, toy_hw):
     fairly (x 1: the layers at the rates measured, the overheads 1.5 times, one per rank on 2 cores). The LM
     head (rank 0 alone, half the rates) and the all-reduce are the same either way."""
     shape = BatchShape.from_pairs([(1, 3), (1, 6)])
-    cpu = replace(toy_hw, cores=2, threads=2, measured_allreduce={3: [1e-4, 1e6]})
+    cpu = replace(toy_hw, cores=2, threads=2, measured_allreduce={2: [1e-4, 1e6], 3: [1e-4, 1e6]})
     one = CostModel(tiny, cpu, block_size=4).breakdown(shape)
     # one rank's stretch: (layers' memory time shared fairly / 1.5 + its overheads) / (2 all-reduces x 2 layers)
     layers_s = (4304 - 640) / 1e8
