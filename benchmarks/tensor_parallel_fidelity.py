@@ -12,7 +12,7 @@ reported for those steps (least and most over the ranks: the slowest rank waits 
 measured all-reduce, serving_lab/calibrate.py) priced on the same step shapes, with its terms; and TP N's
 step over TP 1's, measured and simulated, which leaves out what the TP 1 fit itself misses. Prints one
 Markdown table. benchmarks/tensor_parallel.py measures the engine alone (and TP 1 in a worker process).
-A benchmark, not a test. Results: benchmarks/RESULTS.md ("Tensor parallelism on this CPU").
+A benchmark, not a test. Results: benchmarks/RESULTS.md ("The simulator against the TP engine (issue 27)").
 """
 
 from __future__ import annotations
