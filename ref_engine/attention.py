@@ -129,16 +129,19 @@ def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch
 
 def allocate_kv_cache(
     arch: ArchConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str | None = None,
-    tensor_parallel_size: int = 1,
+    tensor_parallel_size: int = 1, zeroed: bool = True,
 ) -> list[torch.Tensor]:
-    """One zeroed `[2, num_blocks, block_size, num_kv_heads, head_dim]` tensor per layer, `num_kv_heads` being
+    """One `[2, num_blocks, block_size, num_kv_heads, head_dim]` tensor per layer, `num_kv_heads` being
     one tensor-parallel rank's share (`ArchConfig.num_kv_heads_per_device`).
 
-    Zeroed, not empty: padded key positions are masked, but a NaN left in uninitialised memory would
-    still turn `0 * NaN` into NaN in the probability-weighted sum of values.
+    Zeroed for attention to read: padded key positions are masked, but a NaN left in uninitialised memory
+    would still turn `0 * NaN` into NaN in the probability-weighted sum of values. `zeroed=False` is for the
+    host's swap pool, which only ever holds whole blocks copied from the device's: left uninitialised, its
+    pages cost nothing until a swap writes them (the default 4 GiB took 2-5 s to zero on a 2-core CPU).
     """
     shape = (2, num_blocks, block_size, arch.num_kv_heads_per_device(tensor_parallel_size), arch.head_dim)
-    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(arch.num_layers)]
+    make = torch.zeros if zeroed else torch.empty
+    return [make(shape, dtype=dtype, device=device) for _ in range(arch.num_layers)]
 
 
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache_layer: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -148,7 +151,6 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache_layer: torch.Tenso
     flat[1].index_copy_(0, slot_mapping, v.to(flat.dtype))
 
 
-@torch.compiler.disable  # data-dependent shapes: the compiled decoder calls it eagerly (ref_engine/model/compile.py)
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,

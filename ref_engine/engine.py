@@ -189,9 +189,10 @@ class LLMEngine:
     @property
     def runner(self) -> ModelRunner | None:
         """The model runner in the engine's process (distributed_executor_backend="uni"), whose KV cache a
-        KV connector saves from and loads into; with "mp" the runners live in the worker processes. None
-        once the engine is shut down."""
-        return self.model_executor.driver_worker.model_runner
+        KV connector saves from and loads into. None with "mp", whose runners live in the worker processes,
+        and once the engine is shut down."""
+        worker = self.model_executor.driver_worker
+        return None if worker is None else worker.model_runner
 
     # ---- clock ----
 

@@ -62,7 +62,7 @@ class ModelRunner:
         self.compute_logits = compute_logits
         self.kv_caches = allocate_kv_cache(arch, num_kv_blocks, block_size, dtype, device, tensor_parallel_size)
         self.host_kv_caches = allocate_kv_cache(arch, num_swap_blocks, block_size, dtype, torch.device("cpu"),
-                                                tensor_parallel_size)
+                                                tensor_parallel_size, zeroed=False)
         self.forward = model if enforce_eager else compile_decoder(model)
         if not enforce_eager:
             self._compile_now()

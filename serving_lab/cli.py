@@ -42,7 +42,8 @@ def _generate(args: argparse.Namespace) -> None:
     from ref_engine.sampling_params import RequestOutputKind
 
     llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-              enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size)
+              enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
+              allow_cpu_oversubscription=args.allow_cpu_oversubscription)
     engine, tokenizer = llm.llm_engine, llm.get_tokenizer()
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat else p
                for p in args.prompts]
@@ -80,6 +81,8 @@ def add_generate_parser(subparsers: Subparsers) -> None:
                    help="run the model eagerly (the default); --no-enforce-eager compiles it with torch.compile")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="worker processes the model is split over (1: in this process)")
+    p.add_argument("--allow-cpu-oversubscription", action="store_true",
+                   help="on a CPU, run more tensor-parallel ranks than cores (they take turns: slower, for study)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)

@@ -32,6 +32,10 @@ CHROMIUM_ARGS = [
 ]
 SRC_CHARS = 80  # image sources and request URLs are cut to this many characters (data: URIs are long)
 TIMEOUT_MS = 30_000  # for loading one page, and for its images to finish loading after that
+# Chromium's start: on a loaded 2-core CI machine one start once took over 30 s, so a start gets longer and,
+# if it still hangs, one more try with a fresh process (a hung start is the machine, not the page).
+LAUNCH_TIMEOUT_MS = 90_000
+LAUNCH_TRIES = 2
 
 # Waits for every <img> to finish (loaded or failed), lazy ones included as a reader scrolling would, then
 # reads their natural sizes: 0 x 0 is an image that did not load or did not decode.
@@ -96,6 +100,19 @@ def _short(url: str) -> str:
     return url[: SRC_CHARS - 3] + "..." if url.startswith("data:") else "..." + url[3 - SRC_CHARS:]
 
 
+def launch(pw, executable: str):
+    """A headless Chromium started through Playwright `pw` (a `sync_playwright()`), retried once if its start
+    times out."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(1, LAUNCH_TRIES + 1):
+        try:
+            return pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, timeout=LAUNCH_TIMEOUT_MS)
+        except PlaywrightTimeout:
+            if attempt == LAUNCH_TRIES:
+                raise
+
+
 def open_pages(paths: Iterable[Path], executable: str | None = None) -> dict[Path, PageCheck]:
     """Open each local HTML file in one headless Chromium (started once) and check it; keyed by the given path."""
     from playwright.sync_api import sync_playwright
@@ -109,7 +126,7 @@ def open_pages(paths: Iterable[Path], executable: str | None = None) -> dict[Pat
             raise FileNotFoundError(path)
     checks: dict[Path, PageCheck] = {}
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, timeout=TIMEOUT_MS)
+        browser = launch(pw, executable)
         try:
             # One tab visits every page (a new tab per page costs ~4x as much); the handlers write into the
             # lists of the page being visited.

@@ -49,6 +49,7 @@ def _check_machine(parallel: ParallelConfig, device: torch.device) -> None:
     if not parallel.allow_cpu_oversubscription:
         raise ValueError(f"tensor_parallel_size={tp} is more ranks than this machine's {cores} CPU cores: they would "
                          f"take turns on the cores, and every all-reduce would wait for a rank that is not running; "
-                         f"allowed: 1 to {cores}, or set allow_cpu_oversubscription=True to run it anyway")
+                         f"allowed: 1 to {cores}, or set allow_cpu_oversubscription=True (`serving-lab serve` and "
+                         f"`generate`: --allow-cpu-oversubscription) to run it anyway")
     logger.warning("tensor_parallel_size=%d on %d CPU cores (allow_cpu_oversubscription): ranks share cores and "
                    "each all-reduce waits for the rank that is not running", tp, cores)

@@ -13,10 +13,13 @@ Lesson: lessons/06-architecture-map.md#the-boxes
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.interfaces import SchedulerOutput
 from ref_engine.runner import ModelOutput
+
+if TYPE_CHECKING:
+    from ref_engine.worker.worker import Worker
 
 
 class ExecutorDeadError(RuntimeError):
@@ -30,6 +33,7 @@ class Executor(ABC):
     all-reduces during the last step (zeros at degree 1)."""
 
     all_reduce_s: list[float]
+    driver_worker: Worker | None = None  # the worker in the engine's process, if one runs there ("uni")
 
     @abstractmethod
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:

@@ -5,7 +5,7 @@ What is compiled, and why so little: a step's matrix products are most of its ti
 the elementwise work around them (RMSNorm, rotary, SiLU-and-mul, residual adds) fused into a few loops, and
 the per-operator dispatch. So:
 
-* `paged_attention` stays eager (it is `torch.compiler.disable`d): its shapes depend on the batch's
+* `paged_attention` stays eager (`EAGER`): its shapes depend on the batch's
   requests (per-request loops, gathers of each request's blocks). Each decoder layer then compiles to two
   graphs, the dense math before attention (norm, q|k|v, rotary) and after it (o_proj, residual, norm, MLP);
   the layer loop around them runs in Python (a graph break inside a loop makes torch run that frame eagerly
@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 import torch
 
+from ref_engine.model import linear, llama
 from ref_engine.model.llama import LlamaForCausalLM
 
 Forward = Callable[..., torch.Tensor]
@@ -40,8 +41,17 @@ class CompileError(RuntimeError):
     """torch.compile of the decoder failed; `enforce_eager=True` runs the model without compiling."""
 
 
+# What the compiled decoder calls eagerly, by the module and name the layers look it up under: attention (see
+# above) and tensor parallelism's all-reduce (a collective and its timer, nothing to fuse). Wrapped in
+# torch.compiler.disable on the first compile, not by a decorator where each is defined: the decorator imports
+# torch._dynamo (~1.5 s), which every engine and worker process would pay, compiling or not.
+EAGER = ((llama, "paged_attention"), (linear, "tensor_model_parallel_all_reduce"))
+
+
 @functools.cache
 def _compiled_forward() -> Forward:
+    for module, name in EAGER:
+        setattr(module, name, torch.compiler.disable(getattr(module, name)))
     return torch.compile(LlamaForCausalLM.forward, dynamic=True)
 
 

@@ -30,6 +30,7 @@ import torch
 from gguf import GGMLQuantizationType as QType
 
 from core.arch_config import ArchConfig
+from ref_engine.model.gguf_header import GGUFTensor, read_header
 from ref_engine.model.int4 import Int4Weight
 from ref_engine.model.tokenizer import Tokenizer
 
@@ -58,10 +59,11 @@ class GGUFCheckpoint:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.content_files = [self.path]  # what the model's numbers depend on: weights and metadata
-        self.reader = gguf.GGUFReader(self.path)
-        self.metadata: dict[str, Any] = {name: field.contents() for name, field in self.reader.fields.items()}
-        self.tensors = {t.name: t for t in self.reader.tensors}
-        for tensor in self.reader.tensors:  # fail before any slow work
+        header = read_header(self.path)
+        self.metadata: dict[str, Any] = header.metadata
+        self.tensor_list = header.tensors
+        self.tensors = {t.name: t for t in self.tensor_list}
+        for tensor in self.tensor_list:  # fail before any slow work
             self.hf_name(tensor.name)
             if tensor.tensor_type not in SUPPORTED_QUANT_TYPES:
                 raise ValueError(
@@ -92,13 +94,13 @@ class GGUFCheckpoint:
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """`(hugging_face_name, float32 tensor)` for every tensor in the file."""
-        for tensor in self.reader.tensors:
+        for tensor in self.tensor_list:
             yield self.hf_name(tensor.name), self.hf_rows(tensor.name, torch.tensor(dequantize(tensor)))
 
     def int4_weights(self) -> dict[str, Int4Weight]:
         """The file's Q4_1 tensors as `Int4Weight`s (the same codes, scales and minima), by Hugging Face name."""
         return {self.hf_name(t.name): Int4Weight.from_q4_1(*(self.hf_rows(t.name, part) for part in q4_1_parts(t)))
-                for t in self.reader.tensors if t.tensor_type == QType.Q4_1}
+                for t in self.tensor_list if t.tensor_type == QType.Q4_1}
 
     def hf_rows(self, gguf_name: str, values: torch.Tensor) -> torch.Tensor:
         """`values` (a tensor's weights, or anything with one row per output) in Hugging Face's row order."""
@@ -120,7 +122,7 @@ class GGUFCheckpoint:
         return {int(self.metadata[k]) for k in keys if k in self.metadata} | tokenizer.eos_token_ids
 
 
-def dequantize(tensor: gguf.ReaderTensor) -> np.ndarray:
+def dequantize(tensor: GGUFTensor) -> np.ndarray:
     """Float32 values of a GGUF tensor, shaped like the PyTorch tensor it came from.
 
     GGUF lists dimensions innermost first (`[in_features, out_features]` for a weight), the reverse of
@@ -132,7 +134,7 @@ def dequantize(tensor: gguf.ReaderTensor) -> np.ndarray:
     return values.reshape([int(d) for d in reversed(tensor.shape)]).astype(np.float32, copy=False)
 
 
-def q4_1_parts(tensor: gguf.ReaderTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def q4_1_parts(tensor: GGUFTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A Q4_1 tensor's codes `[out, in]` (0..15), scales `d` and minima `m` `[out, in / 32]`: weight
     `k` of a block is `d * codes[k] + m`.
 

@@ -95,6 +95,7 @@ def test_uniproc_and_multiproc_executors_agree_at_tp1(tiny, reference):
     expected, expected_steps = reference
     assert decisions(engine.step_records) == decisions(expected_steps)
     assert_same_outputs(outputs, expected, tolerance=0.0)
+    assert engine.runner is None  # the runner lives in the worker process, not beside the engine
 
 
 def test_tp4_ranks_load_their_query_heads_and_copy_their_kv_head(tiny):

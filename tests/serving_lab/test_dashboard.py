@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from browser import CHROMIUM_ARGS, require_browser
+from browser import launch, require_browser
 from live_server import free_port, wait_healthy
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -68,12 +68,13 @@ def load(url: str, key: str, prefix: str) -> None:
 
 
 def test_the_page_follows_the_server_and_ends_on_its_metrics(url):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     chromium = require_browser()
     errors: list[str] = []
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        browser = launch(pw, chromium)
         try:
             page = browser.new_page()
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
@@ -90,6 +91,14 @@ def test_the_page_follows_the_server_and_ends_on_its_metrics(url):
                                    timeout=5_000)
             for sender in senders:
                 sender.join()
+            # the page draws the pool from the frames it has been sent: wait (a busy machine delays them) for
+            # the load's preemptions and its prefix blocks, cached or shared, to reach it
+            try:
+                page.wait_for_function("window.dashboard.preemptionsSeen > 0 && window.dashboard.pool !== null"
+                                       " && window.dashboard.pool.cached + window.dashboard.pool.shared > 0",
+                                       timeout=10_000)
+            except PlaywrightTimeout:
+                pass  # the assertion below shows what the page holds
             seen = page.evaluate("window.dashboard")
             assert seen["preemptionsSeen"] > 0 and seen["pool"]["cached"] + seen["pool"]["shared"] > 0, seen
             # the numbers the page ends on are /metrics' (it refreshes them at least once a second)

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 import uvicorn
-from browser import CHROMIUM_ARGS, require_browser
+from browser import launch, require_browser
 from live_server import free_port
 
 from serving_lab import cli
@@ -46,7 +46,7 @@ def test_the_replay_plays_to_the_end_on_the_runs_numbers(recording):
     try:
         wait_for_page(f"http://127.0.0.1:{port}")
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+            browser = launch(pw, chromium)
             try:
                 page = browser.new_page()
                 page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)

@@ -70,8 +70,8 @@ def test_a_bad_manifest_or_flag_exits_2_with_one_line_naming_the_key(tmp_path, t
 
 
 def test_the_tensor_parallel_degree_travels_in_the_engine_core_s_engine_kwargs(monkeypatch, tmp_path, tiny):
-    """A manifest's `engine.tensor_parallel_size`, and `serve --tensor-parallel-size N` alone or over it,
-    reach the keywords the engine-core process builds its `LLMEngine` from (stopped there: no process
+    """A manifest's `engine.tensor_parallel_size`, and `serve --tensor-parallel-size N` alone or over it (and
+    `--allow-cpu-oversubscription`), reach the keywords the engine-core process builds its `LLMEngine` from (stopped there: no process
     starts)."""
     class Built(Exception):
         pass
@@ -83,14 +83,17 @@ def test_the_tensor_parallel_degree_travels_in_the_engine_core_s_engine_kwargs(m
     data = yaml.safe_load(EXAMPLE_MANIFEST.read_text())
     data["engine"]["tensor_parallel_size"] = 3
     (tmp_path / "tp3.yaml").write_text(yaml.safe_dump(data))
-    degrees = []
+    degrees, oversubscribed = [], []
     for argv in ([str(tiny), "--tensor-parallel-size", "2"], ["--config", str(tmp_path / "tp3.yaml")],
-                 ["--config", str(EXAMPLE_MANIFEST), "--tensor-parallel-size", "3"]):
+                 ["--config", str(EXAMPLE_MANIFEST), "--tensor-parallel-size", "3", "--allow-cpu-oversubscription"]):
         args = cli.build_parser().parse_args(["serve", *argv])
         with pytest.raises(Built) as built:
             build_server(args, cli.serve_config(args))
-        degrees.append(built.value.args[0].engine_kwargs["tensor_parallel_size"])
+        kwargs = built.value.args[0].engine_kwargs
+        degrees.append(kwargs["tensor_parallel_size"])
+        oversubscribed.append(kwargs.get("allow_cpu_oversubscription", False))
     assert degrees == [2, 3, 3]
+    assert oversubscribed == [False, False, True]  # more ranks than cores only when asked for
 
 
 def test_a_manifest_that_does_not_stream_answers_stream_requests_with_400(tmp_path, tiny):

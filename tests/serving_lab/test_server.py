@@ -17,7 +17,7 @@ import openai
 import pytest
 import uvicorn
 import yaml
-from engine_core_faults import POISON_MIN_P, PoisonedEngineArgs
+from engine_core_faults import POISON_MIN_P, SLOW_MIN_P, PoisonedEngineArgs
 from live_server import free_port, wait_healthy
 
 from ref_engine import LLM, SamplingParams
@@ -224,8 +224,10 @@ async def _post_and_hang_up_while_running(url: str, body: dict, headers: dict) -
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streaming", "whole-response"])
 def test_a_client_that_disconnects_leaves_no_running_request_and_no_used_block(url, stream):
+    # slowed to 20 ms a step (about 5 s in all): the server must see the hang-up while the requests run,
+    # even where a busy machine delays it
     body = {"model": MODEL, "prompt": "a long one", "max_tokens": 240, "n": 8, "stream": stream,
-            "ignore_eos": True}
+            "ignore_eos": True, "min_p": SLOW_MIN_P}
     headers = {"Authorization": "Bearer key-acme"}
     tokens_before = sample(metrics(url), "vllm:generation_tokens_total")
     if stream:

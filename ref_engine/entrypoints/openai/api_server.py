@@ -192,6 +192,8 @@ def build_server(args: argparse.Namespace, config: EngineConfig | None = None) -
         if getattr(args, name, None) is not None}
     if getattr(args, "tensor_parallel_size", None) is not None:  # a ParallelConfig knob: the engine takes it too
         knobs["tensor_parallel_size"] = args.tensor_parallel_size
+    if getattr(args, "allow_cpu_oversubscription", False):
+        knobs["allow_cpu_oversubscription"] = True
     if key_file is not None:
         scheduling_policy = config.scheduling_policy if config is not None else knobs.get("scheduling_policy", "fcfs")
         knobs |= tenant_knobs(policies, scheduling_policy)

@@ -38,6 +38,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="run the model eagerly (the default); --no-enforce-eager compiles it at start")
     parser.add_argument("--tensor-parallel-size", type=int, default=argparse.SUPPRESS,
                         help="worker processes the model is split over (default: 1, in the engine's process)")
+    parser.add_argument("--allow-cpu-oversubscription", action="store_true", default=argparse.SUPPRESS,
+                        help="on a CPU, run more tensor-parallel ranks than cores (they take turns: slower, for study)")
     parser.add_argument("--max-model-len", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--max-num-seqs", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--scheduling-policy", default=None, choices=["fcfs", "priority", "fair"])
