@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -367,11 +368,17 @@ CALIBRATED_PREFERENCE = ("calibrated-cuda-bfloat16", "calibrated-cuda-float32", 
 
 
 def load_calibrated_profile() -> HardwareProfile | None:
-    """This machine's saved calibration (`serving_lab/calibrate.py`), if any: a GPU's first, then the CPU's."""
+    """This machine's saved calibration (`serving_lab/calibrate.py`), if any: a GPU's first, then the CPU's.
+    A file this version cannot read (written by another version of the course) is passed over with a
+    warning: `load_or_calibrate` measures a new one in its place."""
     saved = _saved_profiles()
     for name in CALIBRATED_PREFERENCE:
         if name in saved:
-            return HardwareProfile.from_json(saved[name])
+            try:
+                return HardwareProfile.from_json(saved[name])
+            except (ValueError, TypeError) as err:
+                warnings.warn(f"passing over the calibrated profile {saved[name]}: {err} (another version's? "
+                              "`serving-lab calibrate` measures this machine again)", stacklevel=2)
     return None
 
 

@@ -14,6 +14,7 @@ from sim.hardware import (
     HardwareProfile,
     dtype_bytes,
     known_profile_names,
+    load_calibrated_profile,
     profiles_dir,
 )
 
@@ -112,6 +113,20 @@ def test_saved_profile_is_found_by_name(isolated_cache):
     assert "my-cpu-calibrated" in known_profile_names()
     with pytest.raises(ValueError, match="my-cpu-calibrated"):
         HardwareProfile.named("nothing-like-it")
+
+
+def test_a_calibrated_profile_this_version_cannot_read_is_passed_over(isolated_cache):
+    """Another version's file (a field this one does not know) does not stop the simulator: the next saved
+    profile serves, or none (and load_or_calibrate measures one)."""
+    cpu = replace(HardwareProfile.named(DEFAULT_CPU_PROFILE), name="calibrated-cpu-float32")
+    newer = {**cpu.to_dict(), "name": "calibrated-cuda-float32", "a_field_from_the_future": 1}
+    (isolated_cache / "profiles").mkdir(parents=True)
+    (isolated_cache / "profiles" / "calibrated-cuda-float32.json").write_text(json.dumps(newer))
+    with pytest.warns(UserWarning, match="a_field_from_the_future"):
+        assert load_calibrated_profile() is None
+    cpu.save()
+    with pytest.warns(UserWarning, match="calibrated-cuda-float32.json"):
+        assert load_calibrated_profile() == cpu
 
 
 def test_builtin_names_win_over_saved_files(isolated_cache):
