@@ -33,6 +33,12 @@ tokens it emits), so such a profile is saved flagged `steady: false`, notebooks 
 on it, and `load_or_calibrate` refits it once it is an hour old. `serving-lab calibrate` runs it and saves the
 profile where `load_calibrated_profile()` finds it.
 
+Tensor parallelism on a CPU. A CPU profile also records the machine's cores and the threads it was measured
+on (the tensor-parallel ranks share those cores, `HardwareProfile.tensor_parallel_rate`), and this machine's
+gloo all-reduce among `ALLREDUCE_WORLD_SIZES` processes, fitted to latency + bytes / bus bandwidth
+(serving_lab/collectives.py; a few seconds, most of it the processes' start-up). A profile saved before it
+had these gains them on its next load, without a refit (`with_measured_allreduce`).
+
 Lesson: lessons/01-continuous-batching.md (the cost of a step).
 """
 
@@ -55,6 +61,8 @@ from core.config import EngineConfig
 from core.math_utils import cdiv
 from core.metrics import RunMetrics, StepRecord
 from core.workload import Workload
+from serving_lab.collectives import fit_allreduce, measure_allreduce
+from serving_lab.time_slice import measure_time_slice
 from sim.cost_model import ROOFLINE_FEATURE_NAMES, ROOFLINE_UNKNOWNS, BatchShape, CostModel
 from sim.hardware import HardwareProfile
 
@@ -80,6 +88,10 @@ CALIBRATION_GRID: tuple[tuple[str, int, int, int, int, int | None], ...] = (
 # The unknowns the fit solves for: all of the sum form's but the per-token overhead (the same column as
 # 1/FLOP/s, see the module docstring) and 1/BW (measured).
 FITTED = tuple(u for u in ROOFLINE_UNKNOWNS if u not in ("per_token_overhead_s", "seconds_per_byte"))
+
+# The tensor-parallel degrees whose all-reduce a CPU calibration measures: those the course runs on its 2-core
+# machine (3 ranks oversubscribe it). One start-up of 3 processes for both.
+ALLREDUCE_WORLD_SIZES = (2, 3)
 
 # Rows of CALIBRATION_GRID timed again when a saved profile over `REFIT_AFTER_S` old is loaded and around each fidelity case
 # (decode 4 x 64, prefill 1 x 256: about a second each), and the relative change in their time beyond which
@@ -250,6 +262,35 @@ def measure_copy_bandwidth(num_bytes: int = 256 << 20, repeats: int = 5) -> floa
     return 2 * num_bytes / best
 
 
+def with_measured_allreduce(profile: HardwareProfile, world_sizes: Sequence[int] = ALLREDUCE_WORLD_SIZES,
+                            cores: int | None = None) -> HardwareProfile:
+    """`profile` (a CPU's) with this machine's tensor-parallel terms: `cores` (None: the engine's `cpu_cores()`), `threads`
+    (the threads it was measured on, from its provenance), and the gloo all-reduce measured among each of
+    `world_sizes` processes, fitted (`measured_allreduce`; the interconnect terms get the 2-process fit, a
+    point-to-point exchange of the buffer, which pipeline stages and KV transfers between ranks price), and
+    the OS's time slice (`scheduler_slice_s`, serving_lab/time_slice.py: two processes spin on one core for
+    0.5 s, ~0.6 s in all), which decides whether ranks that do not fit the cores take turns.
+    `world_sizes=()` measures nothing."""
+
+    if cores is None:
+        from ref_engine.distributed.parallel_state import cpu_cores
+
+        cores = cpu_cores()
+    measured = measure_allreduce(world_sizes, cores=cores) if world_sizes else {}
+    slice_s = (measure_time_slice() or 0.0) if world_sizes else profile.scheduler_slice_s
+    fits = [fit_allreduce(timings) for timings in measured.values()]
+    pair = next((fit for fit in fits if fit.world_size == 2), None)
+    return replace(
+        profile, cores=cores, threads=profile.provenance["threads"], scheduler_slice_s=slice_s,
+        measured_allreduce={fit.world_size: [fit.latency_s, fit.bus_bandwidth] for fit in fits},
+        interconnect_latency_s=pair.latency_s if pair else profile.interconnect_latency_s,
+        interconnect_bandwidth=pair.bus_bandwidth if pair else profile.interconnect_bandwidth,
+        provenance={**profile.provenance, "allreduce": {
+            "transport": "gloo, one process per rank", "date": datetime.date.today().isoformat(),
+            # keyed by str(world size), as JSON would
+            "fit_mean_abs_error_pct": {str(fit.world_size): fit.mean_abs_error_pct for fit in fits}}})
+
+
 def fit_profile(arch: ArchConfig, steps: list[tuple[str, BatchShape, float]], *, dtype: str, memory_bandwidth: float,
                 name: str = "calibrated", provenance: dict[str, Any] | None = None
                 ) -> tuple[HardwareProfile, list[CalibrationPoint]]:
@@ -305,7 +346,8 @@ def grid_shape(step: StepRecord, block_size: int) -> BatchShape:
 
 def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: str = "float32",
               quantization: str | None = None, save: bool = True, seed: int = 0, verbose: bool = True,
-              threads: int | None = None) -> HardwareProfile:
+              threads: int | None = None, allreduce_world_sizes: Sequence[int] = ALLREDUCE_WORLD_SIZES
+              ) -> HardwareProfile:
     """Measure this machine with the real engine and return (and by default save) its fitted profile.
 
     `model`: a path, None for the default SmolLM2, or a `LoadedModel`. `quantization="int8"` (or "int4") measures
@@ -313,7 +355,8 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
     "int8" ("int4"), the dtype the simulator prices it as (1-byte weights; 0.625 bytes a weight for int4).
     `config` only contributes its `block_size` (the grid sets the other knobs per point). `threads`: measure on that many torch threads
     (the count is restored after) and name the profile for them, so it is saved beside the default one
-    (`calibrated_profile_name`); None: the threads as they are, the default name."""
+    (`calibrated_profile_name`); None: the threads as they are, the default name. On a CPU it also measures the
+    all-reduce among `allreduce_world_sizes` processes (`with_measured_allreduce`; () skips it)."""
     import torch
 
     from ref_engine.model.quantization import KERNELS
@@ -349,6 +392,8 @@ def calibrate(model: Any = None, config: EngineConfig | None = None, *, dtype: s
         print(f"mean |error| {profile.provenance['fit_mean_abs_error_pct']}%, "
               f"p90 {profile.provenance['fit_p90_abs_error_pct']}% over {len(points)} steps")
     profile.provenance["drift_probe_s"] = [fastest[i].duration for i in DRIFT_PROBE]
+    if device.type == "cpu":
+        profile = with_measured_allreduce(profile, allreduce_world_sizes)
     unsteady = unsteady_fit(profile)
     if unsteady:  # said even when not verbose: every claim that rests on this fit will be skipped
         print(f"warning: {unsteady}; claims that rest on it are skipped"
@@ -423,6 +468,8 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32", threads: int
       calibration time the machine has changed its state since (a laptop on battery, a new neighbour on
       the VM), so refit; within it, the profile as saved.
 
+    A CPU profile saved before calibration measured the all-reduce gains it first (a few seconds, saved).
+
     `serving-lab calibrate` refits on demand. `threads`: the profile for that many torch threads (probed
     and calibrated on them, kept under a name of its own, see `calibrate`); the engines of a 1P+1D pair run
     one thread each. `quantization`: the int8 or int4 engine's profile (see `calibrate`)."""
@@ -445,6 +492,12 @@ def load_or_calibrate(model: Any = None, *, dtype: str = "float32", threads: int
               f"{len(CALIBRATION_GRID)} workloads twice (~2 min, once; the profile is saved for every notebook "
               "and demo)")
         return calibrate(loaded, **refit)
+    if device_type == "cpu" and not profile.cores:  # saved before calibration measured tensor parallelism's terms
+        profile = with_measured_allreduce(profile)
+        profile.save()
+    elif device_type == "cpu" and not profile.scheduler_slice_s:  # saved before it measured the time slice
+        profile = replace(profile, scheduler_slice_s=measure_time_slice() or 0.0)
+        profile.save()
     unsteady = unsteady_fit(profile)
     age = fit_age_s(profile)
     if age is not None and age < REFIT_AFTER_S:

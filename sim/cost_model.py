@@ -49,20 +49,39 @@ Bytes moved through memory (read once per step; caches and fusion are ignored)
                        on a CPU at big batches.
 
 Time (seconds)
-    compute_s  = linear_flops / (peak_flops[dtype] * matmul_efficiency[dtype] * tp)   (dtype: the activations'
+    compute_s  = linear_flops / (peak_flops[dtype] * matmul_efficiency[dtype] * r)   (dtype: the activations'
                  for a weight-only format the profile has no rate for, `compute_dtype`)
-                 + attention_flops / (peak_flops[attention dtype] * attention_efficiency * tp)
+                 + attention_flops / (peak_flops[attention dtype] * attention_efficiency * r)
                  the attention dtype is the activations' (bf16 under FP8 weights: FP8 halves the linear
                  layers' time, not attention's); attention kernels rarely run at matmul speed (masks,
                  softmax, gathers); the efficiencies are fitted (sim/hardware.py)
-    memory_s   = (weight + kv_read + kv_write + activation bytes) / (memory_bandwidth * bandwidth_efficiency * tp)
-    overhead_s = step_overhead_s + per_seq_overhead_s * N + per_token_overhead_s * T
-                 + per_block_overhead_s * blocks,    blocks = sum_i ceil((c_i + q_i) / block_size)
-                 (or BatchShape.num_blocks_touched when the caller knows it)
+    memory_s   = (weight + kv_read + kv_write + activation bytes) / (memory_bandwidth * bandwidth_efficiency * r)
+                 r = HardwareProfile.tensor_parallel_rate(tp): tp on GPUs (a device per rank); on a CPU the
+                 ranks share its cores: each has 1/tp of the work on t = max(1, cores // tp) threads, and where
+                 they do not all fit the cores the OS shares the cores out, s = tp / (cores // t) ranks a core
+                 (`tensor_parallel_sharing`), so r = tp * t / (threads * s) for tp > 1, 1 for tp = 1.
+                 The LM head's share of FLOPs and bytes (2 * V * H * R, V * H * a (+ packing), R * V * a) runs at
+                 r_head = HardwareProfile.lm_head_rate(tp) instead: r on GPUs (vLLM's vocabulary-parallel head),
+                 on a CPU max(1, cores // tp) / threads (ref_engine runs the head on rank 0 alone, after the layers)
+    overhead_s = s * f * (step_overhead_s + per_seq_overhead_s * N + per_token_overhead_s * T
+                 + per_block_overhead_s * blocks),    blocks = sum_i ceil((c_i + q_i) / block_size)
+                 (or BatchShape.num_blocks_touched when the caller knows it); s = f = 1 but on a CPU whose cores
+                 cannot hold all tp ranks at once: each rank runs the whole forward's Python (on the course VM
+                 the engine's own process took 0.4-4 ms of a 56-376 ms step, the rest was the forward), so the
+                 ranks share the cores for s times its length.
+    turns f    on such a CPU the ranks run in lockstep, an all-reduce after every attention and every MLP: 2 L
+                 stretches a step, one rank's own stretch being w = (combine(compute_s, memory_s) / s + overhead
+                 of one rank) / (2 L). A stretch shorter than the OS's time slice
+                 (`HardwareProfile.scheduler_slice_s`, measured) runs whole, so the ranks take turns, n =
+                 `tensor_parallel_rounds(tp)` of them, where fair sharing would take s: f = n / s (3 one-thread
+                 ranks on 2 cores: 2 / 1.5), applied to compute_s, memory_s and overhead_s. A longer stretch is
+                 cut into slices and shared fairly: f = 1. A profile with no slice measured (0) takes turns.
     comm_s     = 0 if tp == 1, else 2 * L all-reduces (after attention and after the MLP) of T * H * a bytes,
-                 each costing interconnect_latency_s + 2 * (tp - 1) / tp * (T * H * a)
-                 / (interconnect_bandwidth * interconnect_efficiency)
-                 (a ring all-reduce sends and receives 2 (tp - 1) / tp of the buffer per device)
+                 each costing latency + 2 * (tp - 1) / tp * (T * H * a) / bus bandwidth
+                 (a ring all-reduce sends and receives 2 (tp - 1) / tp of the buffer per device), where
+                 (latency, bus bandwidth) = HardwareProfile.allreduce_terms(tp): measured among tp processes
+                 where the profile has that (a calibrated CPU's gloo), else (interconnect_latency_s,
+                 interconnect_bandwidth * interconnect_efficiency)
     total_s    = combine(compute_s, memory_s) + comm_s + overhead_s
 
 `combine="max"` (the default of datasheet profiles; `HardwareProfile.combine` sets it) is the roofline: a GPU overlaps arithmetic with memory traffic, so the slower
@@ -73,9 +92,10 @@ efficiency at 1.0).
 
 Pipeline parallelism is sim/pipeline.py, on top of this model.
 
-Tensor parallelism divides FLOPs and bytes evenly by tp (weights, heads and KV are sharded). Caveats, kept
-out for simplicity: activations of width H are replicated rather than split, KV heads are replicated when
-tp > n_kv_heads, and the vocabulary-parallel lm_head's gather is not priced.
+Tensor parallelism divides FLOPs and bytes evenly among the tp ranks (weights, heads and KV are sharded), which
+run at r times one device's rates together. Caveats, kept out for simplicity: activations of width H are
+replicated rather than split, KV heads are replicated when tp > n_kv_heads, and the vocabulary-parallel
+lm_head's gather is not priced.
 
 Lesson: lessons/01-continuous-batching.md (the cost of a step); KV pool size in lessons/02-paged-attention.md.
 """
@@ -196,6 +216,7 @@ class StepCost:
     overhead_s: float
     total_s: float
     bound: Literal["compute", "memory"]
+    tp_turns: float = 1.0  # `CostModel.turn_factor`: > 1 where a CPU's tp ranks took turns on its cores
 
     @property
     def flops(self) -> float:
@@ -271,8 +292,6 @@ class CostModel:
         combine = combine or hardware.combine  # type: ignore[assignment]
         if combine not in ("max", "sum"):
             raise ValueError(f"combine must be 'max' or 'sum', got {combine!r}")
-        if tensor_parallel_size > 1 and hardware.interconnect_bandwidth <= 0:
-            raise ValueError(f"profile {hardware.name!r} has no interconnect; cannot price tp={tensor_parallel_size}")
         self.arch = arch
         self.hardware = hardware
         self.dtype = dtype
@@ -300,15 +319,21 @@ class CostModel:
         self._activation_bytes_per_token = L * (4 * H + 2 * arch.q_size + 2 * arch.kv_size
                                                 + 3 * arch.intermediate_size) * a
         self._activation_bytes_per_logit_row = V * a
-        # rates, per step (already divided among the tp devices)
-        self._seconds_per_flop = 1.0 / (hardware.matmul_flops(compute_dtype(dtype, hardware)) * tp)
+        # rates, per step (already divided among the tp ranks)
+        self._parallel_rate = rate = hardware.tensor_parallel_rate(tp)
+        self._sharing = hardware.tensor_parallel_sharing(tp)
+        self._rounds = hardware.tensor_parallel_rounds(tp)
+        self._stretches = 2 * L  # all-reduces a step: lockstep points between which a rank runs alone
+        self._lm_head_extra_weight = rate / hardware.lm_head_rate(tp) - 1
+        self._seconds_per_flop = 1.0 / (hardware.matmul_flops(compute_dtype(dtype, hardware)) * rate)
         self._seconds_per_attention_flop = 1.0 / (hardware.flops_for(self.activation_dtype)
-                                                  * hardware.attention_efficiency * tp)
-        self._seconds_per_byte = 1.0 / (hardware.effective_bandwidth * tp)
+                                                  * hardware.attention_efficiency * rate)
+        self._seconds_per_byte = 1.0 / (hardware.effective_bandwidth * rate)
         # tensor parallelism: 2 all-reduces per layer of T * H * a bytes each
         if tp > 1:
-            self._comm_fixed_s = 2 * L * hardware.interconnect_latency_s
-            self._comm_s_per_token = (2 * L * 2 * (tp - 1) / tp * H * a) / hardware.allreduce_bandwidth
+            latency_s, bus_bandwidth = hardware.allreduce_terms(tp)
+            self._comm_fixed_s = 2 * L * latency_s
+            self._comm_s_per_token = (2 * L * 2 * (tp - 1) / tp * H * a) / bus_bandwidth
         else:
             self._comm_fixed_s = 0.0
             self._comm_s_per_token = 0.0
@@ -342,10 +367,47 @@ class CostModel:
         activations = self._activation_bytes_per_token * tokens + self._activation_bytes_per_logit_row * rows
         return linear, attention, weights, kv_read, kv_write, activations, packed
 
+    def _combine(self, compute_s: float, memory_s: float) -> float:
+        return max(compute_s, memory_s) if self.combine == "max" else compute_s + memory_s
+
+    def _lm_head_own(self, shape: BatchShape) -> tuple[float, float, float]:
+        """(FLOPs, bytes, packed bytes) of the LM head in a step's totals: its matmul, its weights and logits."""
+        rows = shape.num_seqs if shape.num_logit_rows is None else shape.num_logit_rows
+        if not rows:
+            return 0.0, 0.0, 0.0
+        return (self._flops_per_logit_row * rows, self._lm_head_bytes + self._activation_bytes_per_logit_row * rows,
+                self._lm_head_bytes if rows > 1 else 0.0)
+
+    def _lm_head_extra(self, shape: BatchShape) -> tuple[float, float, float]:
+        """(FLOPs, bytes, packed bytes) to add to a step's so that the LM head is priced at its own rate
+        (`HardwareProfile.lm_head_rate`) rather than the decoder layers': its work times
+        (layers' rate / head's rate - 1). Zeros where both rates are one (GPUs, tp = 1)."""
+        extra = self._lm_head_extra_weight
+        rows = shape.num_seqs if shape.num_logit_rows is None else shape.num_logit_rows
+        if not extra or not rows:
+            return 0.0, 0.0, 0.0
+        return (extra * self._flops_per_logit_row * rows,
+                extra * (self._lm_head_bytes + self._activation_bytes_per_logit_row * rows),
+                extra * self._lm_head_bytes if rows > 1 else 0.0)
+
     def _overhead_s(self, num_seqs: int, tokens: int, blocks: int) -> float:
+        """One rank's step overhead (the whole step's on one device; each CPU rank runs it all)."""
         hw = self.hardware
-        return (hw.step_overhead_s + hw.per_seq_overhead_s * num_seqs + hw.per_token_overhead_s * tokens
-                + hw.per_block_overhead_s * blocks)
+        return (hw.step_overhead_s + hw.per_seq_overhead_s * num_seqs
+                + hw.per_token_overhead_s * tokens + hw.per_block_overhead_s * blocks)
+
+    def turn_factor(self, core_s: float, rank_overhead_s: float) -> float:
+        """f of the module docstring: how much longer than fair sharing a step takes because the tp ranks take
+        turns on a CPU's cores. 1 where the ranks fit (GPUs, tp = 1, enough cores) or where one rank's stretch
+        between two all-reduces, (core_s / s + rank_overhead_s) / (2 L), is at least a time slice; else
+        rounds / s. `core_s`: combine(compute_s, memory_s) under fair sharing."""
+        if self._sharing == 1.0:
+            return 1.0
+        slice_s = self.hardware.scheduler_slice_s
+        stretch_s = (core_s / self._sharing + rank_overhead_s) / self._stretches
+        if slice_s and stretch_s >= slice_s:
+            return 1.0
+        return self._rounds / self._sharing
 
     def step_time(self, shape: BatchShape) -> float:
         """Seconds for one engine step running `shape`."""
@@ -364,17 +426,34 @@ class CostModel:
         linear, attention, weights, kv_read, kv_write, activations, packed = self._flops_and_bytes(
             shape, tokens, pairs, ctx_read)
         weights += self._packing_passes * packed
-        compute_s = linear * self._seconds_per_flop + attention * self._seconds_per_attention_flop
-        memory_s = (weights + kv_read + kv_write + activations) * self._seconds_per_byte
-        core = max(compute_s, memory_s) if self.combine == "max" else compute_s + memory_s
+        head_flops, head_bytes, head_packed = self._lm_head_extra(shape)
+        pp = self._packing_passes
         comm_s = self._comm_s(tokens)
         overhead_s = self._overhead_s(shape.num_seqs, tokens, blocks)
+        if self._sharing == 1.0:  # every rank on cores (or a device) of its own: no turns
+            turns = 1.0
+            compute_s = (linear + head_flops) * self._seconds_per_flop + attention * self._seconds_per_attention_flop
+            memory_s = (weights + kv_read + kv_write + activations + head_bytes + pp * head_packed
+                        ) * self._seconds_per_byte
+        else:  # the LM head at its own rate (`_lm_head_extra`) and outside the turns: rank 0 runs it alone
+            own_flops, own_bytes, own_packed = self._lm_head_own(shape)
+            head_compute_s = (own_flops + head_flops) * self._seconds_per_flop
+            head_memory_s = (own_bytes + pp * own_packed + head_bytes + pp * head_packed) * self._seconds_per_byte
+            layers_compute_s = ((linear - own_flops) * self._seconds_per_flop
+                                + attention * self._seconds_per_attention_flop)
+            layers_memory_s = (weights + kv_read + kv_write + activations - own_bytes - pp * own_packed
+                               ) * self._seconds_per_byte
+            turns = self.turn_factor(self._combine(layers_compute_s, layers_memory_s), overhead_s)
+            compute_s = layers_compute_s * turns + head_compute_s
+            memory_s = layers_memory_s * turns + head_memory_s
+            overhead_s *= self._sharing * turns
+        core = self._combine(compute_s, memory_s)
         return StepCost(
             num_seqs=shape.num_seqs, num_tokens=tokens, num_blocks=blocks,
             linear_flops=linear, attention_flops=attention, weight_bytes=weights, kv_read_bytes=kv_read,
             kv_write_bytes=kv_write, activation_bytes=activations, compute_s=compute_s, memory_s=memory_s,
             comm_s=comm_s, overhead_s=overhead_s, total_s=core + comm_s + overhead_s,
-            bound="compute" if compute_s >= memory_s else "memory",
+            bound="compute" if compute_s >= memory_s else "memory", tp_turns=turns,
         )
 
     def block_copy_time(self, num_swapped: int, num_copied: int) -> float:
@@ -412,9 +491,20 @@ class CostModel:
         tokens, pairs, ctx_read, blocks = self._batch_sums(shape)
         linear, attention, weights, kv_read, kv_write, activations, packed = self._flops_and_bytes(
             shape, tokens, pairs, ctx_read)
-        tp = self.tensor_parallel_size
-        return (1.0, float(shape.num_seqs), float(tokens), float(blocks), linear / tp, attention / tp, packed / tp,
-                (weights + kv_read + kv_write + activations) / tp)
+        head_flops, head_bytes, head_packed = self._lm_head_extra(shape)
+        if self._sharing == 1.0:  # no turns (GPUs, tp = 1, ranks that fit a CPU's cores)
+            rate = self._parallel_rate
+            return (1.0, float(shape.num_seqs), float(tokens), float(blocks), (linear + head_flops) / rate,
+                    attention / rate, (packed + head_packed) / rate,
+                    (weights + kv_read + kv_write + activations + head_bytes) / rate)
+        # the regime (turns or fair sharing, `turn_factor`) is the one this model's own rates give
+        f = self.breakdown(shape).tp_turns
+        own_flops, own_bytes, own_packed = self._lm_head_own(shape)
+        rate, n = self._parallel_rate, self._sharing * f
+        return (float(n), float(n * shape.num_seqs), float(n * tokens), float(n * blocks),
+                ((linear - own_flops) * f + own_flops + head_flops) / rate, attention * f / rate,
+                ((packed - own_packed) * f + own_packed + head_packed) / rate,
+                ((weights + kv_read + kv_write + activations - own_bytes) * f + own_bytes + head_bytes) / rate)
 
     # -- between machines --
 

@@ -22,6 +22,15 @@ What a profile holds, and why these numbers and no others
                             blocks cross (preemption by swap); 0 where the host pool is in the device's own
                             memory (a CPU: a swap is a copy within DRAM, priced like copy-on-write)
     interconnect_*          GPU-to-GPU link inside one machine (NVLink): tensor-parallel all-reduces
+    measured_allreduce      tp -> [latency s, bus bandwidth bytes/s] of an all-reduce measured among tp processes
+                            (calibration measures a CPU's gloo all-reduce, serving_lab/collectives.py); a tp listed
+                            here is priced by its own measurement instead of interconnect_*
+    cores, threads          a CPU's (0 on a GPU, where each tensor-parallel rank has a device of its own): the
+                            machine's cores, which the tp ranks share, and the torch threads the rates above were
+                            measured on. See `tensor_parallel_sharing`, `tensor_parallel_rate`, `lm_head_rate`
+    scheduler_slice_s       a CPU's: how long the OS lets a busy process keep a core while another waits for it
+                            (serving_lab/time_slice.py measures it). Tensor-parallel ranks that do not all fit the
+                            cores take turns on stretches of work shorter than it (`tensor_parallel_rounds`)
     network_*               link between machines (InfiniBand/Ethernet): KV transfer in PD disaggregation
 
 Achievable fractions. A datasheet gives peaks that real kernels never reach, so a profile also carries
@@ -48,6 +57,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -101,6 +111,11 @@ class HardwareProfile:
     interconnect_latency_s: float = 0.0  # fixed cost of one collective / one message
     network_bandwidth: float = 0.0  # bytes/s per device between machines, 0 = none
     network_latency_s: float = 0.0
+    # tp -> [latency s, bus bandwidth bytes/s] measured among tp processes (see the module docstring).
+    measured_allreduce: dict[int, list[float]] = field(default_factory=dict)
+    cores: int = 0  # a CPU's cores, shared by its tensor-parallel ranks; 0 = a device per rank (a GPU)
+    threads: int = 0  # torch threads a CPU's rates were measured on; 0 on a GPU
+    scheduler_slice_s: float = 0.0  # a CPU's: how long a busy process keeps a core another one waits for
     # Attention FLOPs run at this fraction of the peak of the attention dtype (masking, softmax and gathers
     # make attention slower than a plain matmul); fitted on the built-in GPUs and by calibration.
     attention_efficiency: float = 1.0
@@ -142,9 +157,16 @@ class HardwareProfile:
         for knob in ("step_overhead_s", "per_seq_overhead_s", "per_token_overhead_s",
                      "per_block_overhead_s", "interconnect_bandwidth", "interconnect_latency_s",
                      "network_bandwidth", "network_latency_s", "memory_bytes", "weight_packing_passes",
-                     "host_link_bandwidth"):
+                     "host_link_bandwidth", "cores", "threads", "scheduler_slice_s"):
             if getattr(self, knob) < 0:
                 raise ValueError(f"profile {self.name!r}: {knob} must be >= 0, got {getattr(self, knob)}")
+        if (self.cores == 0) != (self.threads == 0):
+            raise ValueError(f"profile {self.name!r}: a CPU profile sets both cores and threads, a GPU neither; got "
+                             f"cores={self.cores}, threads={self.threads}")
+        for tp, terms in self.measured_allreduce.items():
+            if tp < 2 or len(terms) != 2 or terms[0] < 0 or terms[1] <= 0:
+                raise ValueError(f"profile {self.name!r}: measured_allreduce maps a tp >= 2 to [latency s >= 0, "
+                                 f"bus bandwidth > 0]; got {tp}: {terms}")
 
     def flops_for(self, dtype: str) -> float:
         """Peak dense FLOP/s for `dtype`; ValueError naming the dtypes this profile knows."""
@@ -164,6 +186,74 @@ class HardwareProfile:
     def allreduce_bandwidth(self) -> float:
         """Bytes/s per direction a tensor-parallel all-reduce reaches: interconnect_bandwidth x interconnect_efficiency."""
         return self.interconnect_bandwidth * self.interconnect_efficiency
+
+    def allreduce_terms(self, tp: int) -> tuple[float, float]:
+        """(latency s, bus bandwidth bytes/s) of one all-reduce among `tp` ranks: the measurement for `tp` where
+        the profile has one, else the interconnect's. A CPU's is never extrapolated from other world sizes: its
+        ranks share the cores, and on a 2-core VM 3 processes took 2-3.6x the latency of 2
+        (benchmarks/RESULTS.md, "All-reduce on this machine")."""
+        if tp in self.measured_allreduce:
+            latency_s, bus_bandwidth = self.measured_allreduce[tp]
+            return latency_s, bus_bandwidth
+        if self.cores:
+            measured = ", ".join(map(str, sorted(self.measured_allreduce))) or "no"
+            raise ValueError(f"profile {self.name!r} measured all-reduces among {measured} processes, not {tp}; "
+                             f"recalibrate with serving_lab.calibrate.calibrate(allreduce_world_sizes=(..., {tp}))")
+        if self.interconnect_bandwidth <= 0:
+            raise ValueError(f"profile {self.name!r} has no interconnect; cannot price tp={tp}")
+        return self.interconnect_latency_s, self.allreduce_bandwidth
+
+    def tensor_parallel_sharing(self, tp: int) -> float:
+        """How many ranks share each core's time: 1 on GPUs, and on a CPU whose cores hold all `tp` ranks
+        (max(1, cores // tp) threads each, the engine's workers); else tp / (ranks that fit), as the OS
+        shares the cores out fairly (3 one-thread ranks on 2 cores: 1.5)."""
+        if tp < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {tp}")
+        if not self.cores or tp == 1:
+            return 1.0
+        return max(1.0, tp / self._ranks_at_once(tp))
+
+    def tensor_parallel_rounds(self, tp: int) -> int:
+        """How many turns `tp` ranks take to each run a stretch of work shorter than a time slice: 1 where the
+        cores hold them all, else ceil(tp / ranks that fit). The ranks run in lockstep (an all-reduce after
+        every attention and every MLP), and a stretch shorter than `scheduler_slice_s` runs whole, so 3
+        one-thread ranks on 2 cores take 2 turns where fair sharing would take 1.5; the first wait in the
+        collective, holding their cores (gloo polls)."""
+        if self.tensor_parallel_sharing(tp) == 1.0:
+            return 1
+        return -(-tp // self._ranks_at_once(tp))
+
+    def tensor_parallel_rate(self, tp: int) -> float:
+        """How many times this profile's FLOP/s and bandwidth the decoder layers of `tp` ranks reach together.
+
+        On GPUs, tp: each rank has a device of its own. On a CPU (`cores` set) the ranks share the machine:
+        each has 1/tp of the work on max(1, cores // tp) threads (the engine's workers) against the `threads`
+        the rates were measured on, and shares its core's time (`tensor_parallel_sharing`): tp * rank threads
+        / (threads * sharing). One rank is the engine as measured (1.0). On a 2-core machine measured on 2
+        threads, 1.0 at every tp: tensor parallelism splits the work but not the cores."""
+        sharing = self.tensor_parallel_sharing(tp)  # validates tp
+        if not self.cores:
+            return float(tp)
+        if tp == 1:
+            return 1.0
+        return tp * self._rank_threads(tp) / (self.threads * sharing)
+
+    def lm_head_rate(self, tp: int) -> float:
+        """How many times this profile's FLOP/s and bandwidth the LM head of `tp` ranks reaches: like the layers
+        on GPUs (vLLM splits the head by vocabulary), but on a CPU the reference engine runs the whole head on
+        rank 0, after the layers, while the other ranks wait: rank 0's threads against the `threads` the rates
+        were measured on."""
+        if not self.cores or tp == 1:
+            return self.tensor_parallel_rate(tp)
+        return self._rank_threads(tp) / self.threads
+
+    def _rank_threads(self, tp: int) -> int:
+        """Torch threads each of a CPU's `tp` ranks runs (the engine's workers: max(1, cores // tp))."""
+        return max(1, self.cores // tp)
+
+    def _ranks_at_once(self, tp: int) -> int:
+        """How many of a CPU's `tp` ranks its cores run at once."""
+        return max(1, self.cores // self._rank_threads(tp))
 
     @property
     def effective_bandwidth(self) -> float:
@@ -209,6 +299,8 @@ class HardwareProfile:
             network_bandwidth=self.network_bandwidth / factor,
             host_link_bandwidth=self.host_link_bandwidth / factor,
             network_latency_s=self.network_latency_s * factor,
+            measured_allreduce={tp: [latency * factor, bandwidth / factor]
+                                for tp, (latency, bandwidth) in self.measured_allreduce.items()},
             provenance={**self.provenance, "retimed_from": self.name, "time_factor": factor},
         )
 
@@ -225,6 +317,8 @@ class HardwareProfile:
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown hardware profile field(s): {', '.join(sorted(unknown))}")
+        if "measured_allreduce" in data:  # JSON keys are strings
+            data["measured_allreduce"] = {int(tp): list(terms) for tp, terms in data["measured_allreduce"].items()}
         return cls(**data)
 
     def to_json(self, path: str | os.PathLike[str]) -> Path:
@@ -274,11 +368,17 @@ CALIBRATED_PREFERENCE = ("calibrated-cuda-bfloat16", "calibrated-cuda-float32", 
 
 
 def load_calibrated_profile() -> HardwareProfile | None:
-    """This machine's saved calibration (`serving_lab/calibrate.py`), if any: a GPU's first, then the CPU's."""
+    """This machine's saved calibration (`serving_lab/calibrate.py`), if any: a GPU's first, then the CPU's.
+    A file this version cannot read (written by another version of the course) is passed over with a
+    warning: `load_or_calibrate` measures a new one in its place."""
     saved = _saved_profiles()
     for name in CALIBRATED_PREFERENCE:
         if name in saved:
-            return HardwareProfile.from_json(saved[name])
+            try:
+                return HardwareProfile.from_json(saved[name])
+            except (ValueError, TypeError) as err:
+                warnings.warn(f"passing over the calibrated profile {saved[name]}: {err} (another version's? "
+                              "`serving-lab calibrate` measures this machine again)", stacklevel=2)
     return None
 
 
@@ -300,6 +400,7 @@ def _saved_profiles() -> dict[str, Path]:
 
 def _copy(profile: HardwareProfile) -> HardwareProfile:
     return replace(profile, peak_flops=dict(profile.peak_flops), matmul_efficiency=dict(profile.matmul_efficiency),
+                   measured_allreduce={tp: list(terms) for tp, terms in profile.measured_allreduce.items()},
                    provenance=dict(profile.provenance))
 
 
@@ -420,8 +521,15 @@ LOCAL_CPU = HardwareProfile(
     per_seq_overhead_s=50e-6,
     per_token_overhead_s=2e-6,
     per_block_overhead_s=0.5e-6,
-    interconnect_bandwidth=10 * GIGA,  # no tensor parallelism on one CPU; a shared-memory guess
-    interconnect_latency_s=20e-6,
+    # Tensor parallelism on one CPU: the ranks share its 2 cores (rates above measured on 2 threads), and
+    # all-reduce through gloo between processes. The all-reduce was measured on the AMD EPYC VM, not the course
+    # machine (the median of three runs of benchmarks/allreduce.py, RESULTS.md "All-reduce on this machine");
+    # the interconnect is its 2-process fit, a point-to-point exchange.
+    cores=2,
+    threads=2,
+    measured_allreduce={2: [550e-6, 1.4 * GIGA], 3: [1.3e-3, 1.6 * GIGA]},
+    interconnect_bandwidth=1.4 * GIGA,
+    interconnect_latency_s=550e-6,
     network_bandwidth=1.25 * GIGA,  # 10 Gb/s Ethernet guess, for simulated KV transfer
     network_latency_s=50e-6,
     source="datasheet-like estimate",

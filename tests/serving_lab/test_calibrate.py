@@ -1,7 +1,8 @@
 """Calibration on a tiny random model: the profile is saved with its drift-probe times and how steady the
 machine was, a fit taken on an unsteady machine is flagged, and `load_or_calibrate` uses a profile fitted
 within the hour as it is, and an older one only while it was fitted on a steady machine and the machine
-still runs the probe at the same speed.
+still runs the probe at the same speed. A CPU profile carries the machine's all-reduce (measured by spawned
+processes, which the tests replace by timings of a known link).
 
 The tiny model's grid runs once, for real; each test then fakes the machine around those runs (the
 repeats' spread, the time our threads waited for a core), so steadiness is the test's choice, not the
@@ -16,6 +17,7 @@ from dataclasses import replace
 import pytest
 
 import serving_lab.calibrate as calibration
+from serving_lab.collectives import CALIBRATION_SIZES, AllReduceTiming, ring_factor
 from sim.hardware import HardwareProfile
 
 
@@ -26,6 +28,27 @@ def isolated_cache(tmp_path_factory):
         cache = tmp_path_factory.mktemp("cache")
         patch.setenv("SERVING_LAB_CACHE", str(cache))
         yield cache
+
+
+# The link the fake all-reduce measurement times: world size -> (latency s, bus bandwidth bytes/s).
+LINK = {2: (4e-4, 1.5e9), 3: (1.2e-3, 1.2e9)}
+SLICE_S = 4e-3  # the OS's time slice, as measured instead of 0.6 s of spinning processes
+
+
+@pytest.fixture(scope="module", autouse=True)
+def known_allreduce():
+    """All-reduce timings of `LINK` instead of seconds of spawned processes; the measured world sizes are logged."""
+    measured: list[tuple[int, ...]] = []
+
+    def measure(world_sizes, sizes=CALIBRATION_SIZES, repeats=5, cores=None):
+        measured.append(tuple(world_sizes))
+        return {p: [AllReduceTiming(p, n, LINK[p][0] + ring_factor(p) * n / LINK[p][1]) for n in sizes]
+                for p in world_sizes}
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(calibration, "measure_allreduce", measure)
+        patch.setattr(calibration, "measure_time_slice", lambda: SLICE_S)
+        yield measured
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +94,45 @@ def test_quiet_calibration_is_saved_with_its_provenance(saved, tiny):
     assert saved.provenance["steady"] is True
     assert saved.provenance["repeat_spread_pct"] == 0.0 and saved.provenance["cpu_wait_pct"] == 1.0
     assert calibration.unsteady_fit(saved) is None
+
+
+def test_a_cpu_profile_carries_the_machines_cores_and_all_reduce(saved, tiny):
+    from ref_engine.distributed.parallel_state import cpu_cores
+    from sim.cost_model import BatchShape, CostModel
+
+    assert saved.cores == cpu_cores() and saved.threads == saved.provenance["threads"]
+    for p, (latency, bandwidth) in LINK.items():
+        assert saved.measured_allreduce[p] == [pytest.approx(latency), pytest.approx(bandwidth)]
+    assert (saved.interconnect_latency_s, saved.interconnect_bandwidth) == (pytest.approx(4e-4), pytest.approx(1.5e9))
+    assert set(saved.provenance["allreduce"]["fit_mean_abs_error_pct"]) == {"2", "3"}
+    comm = CostModel(tiny.arch, saved, dtype="float32", tensor_parallel_size=3).breakdown(BatchShape.decode(1, 8)).comm_s
+    assert comm == pytest.approx(2 * tiny.arch.num_layers * (1.2e-3 + 4 / 3 * tiny.arch.hidden_size * 4 / 1.2e9))
+
+
+def test_a_cpu_profile_saved_before_the_all_reduce_gains_it_on_load(monkeypatch, tmp_path, saved, tiny,
+                                                                     known_allreduce):
+    old = replace(saved, cores=0, threads=0, measured_allreduce={})
+    monkeypatch.setenv("SERVING_LAB_CACHE", str(tmp_path))
+    old.save()
+    log = _probe_at(monkeypatch, saved, 1.0)
+    measured_before = len(known_allreduce)
+    loaded = calibration.load_or_calibrate(tiny)
+    assert log == [] and known_allreduce[measured_before:] == [calibration.ALLREDUCE_WORLD_SIZES]  # no refit
+    assert loaded.measured_allreduce == saved.measured_allreduce and loaded.cores == saved.cores
+    assert HardwareProfile.named(saved.name) == loaded  # saved with it
+    assert calibration.with_measured_allreduce(old, ()).measured_allreduce == {}  # () measures nothing
+
+
+def test_a_cpu_profile_carries_the_time_slice_and_one_saved_without_gains_it_on_load(monkeypatch, tmp_path, saved,
+                                                                                    tiny, known_allreduce):
+    assert saved.scheduler_slice_s == SLICE_S
+    monkeypatch.setenv("SERVING_LAB_CACHE", str(tmp_path))
+    replace(saved, scheduler_slice_s=0.0).save()
+    log = _probe_at(monkeypatch, saved, 1.0)
+    measured_before = len(known_allreduce)
+    loaded = calibration.load_or_calibrate(tiny)
+    assert log == [] and known_allreduce[measured_before:] == []  # no refit, the all-reduce kept
+    assert loaded == saved and HardwareProfile.named(saved.name) == loaded
 
 
 @pytest.mark.parametrize("jitter, cpu_wait_pct, steady", [

@@ -196,6 +196,76 @@ def test_tensor_parallel_by_hand(tiny, toy_hw):
     assert cost.total_s == pytest.approx(4304 / 2e8 + cost.comm_s + 1.223e-3)
 
 
+def test_tensor_parallel_on_a_cpu_by_hand(tiny, toy_hw):
+    """Three ranks on a 2-core CPU whose rates were measured on 2 threads: each rank runs 1 thread, two at once
+    and then the third, so the layers' third of the work each takes two turns at half the rates (rate 0.75),
+    and so does each rank's Python (the overheads twice); the LM head runs on rank 0's one thread alone (half
+    the rates); the all-reduce is the 3-process measurement, not the interconnect."""
+    cpu = replace(toy_hw, cores=2, threads=2, measured_allreduce={3: [1e-4, 1e6]})
+    shape = BatchShape.from_pairs([(1, 3), (1, 6)])
+    one = CostModel(tiny, cpu, block_size=4).breakdown(shape)
+    three = CostModel(tiny, cpu, block_size=4, tensor_parallel_size=3).breakdown(shape)
+    assert one.memory_s == pytest.approx(4304 / 1e8)
+    # of the step's 5760 linear FLOPs the head's are 2 * V * H * 2 rows = 1024; of its 4304 bytes the head's are
+    # V * H * 2 + 2 rows * V * 2 = 640
+    assert three.compute_s == pytest.approx((5760 - 1024 + 704) / (2e8 * 0.75) + 1024 / (2e8 * 0.5))
+    assert three.memory_s == pytest.approx((4304 - 640) / (1e8 * 0.75) + 640 / (1e8 * 0.5))
+    assert three.linear_flops == one.linear_flops == 5760  # the step's FLOPs, not their price
+    assert three.overhead_s == pytest.approx(2 * one.overhead_s) and one.overhead_s == pytest.approx(1.223e-3)
+    # 2 all-reduces x 2 layers, each 1e-4 s + 2*(3-1)/3 * (2 tokens * 8 * 2 bytes) / 1e6 B/s
+    assert three.comm_s == pytest.approx(4 * (1e-4 + 4 / 3 * 32 / 1e6))
+    assert three.total_s == pytest.approx(three.memory_s + three.comm_s + 2 * 1.223e-3)
+    # 8 cores: 3 ranks of 2 threads (8 // 3) at once reach 3x the rates measured on 2 threads, the head 1x
+    eight = CostModel(tiny, replace(cpu, cores=8), block_size=4, tensor_parallel_size=3).breakdown(shape)
+    assert eight.memory_s == pytest.approx((4304 - 640) / 1e8 / 3 + 640 / 1e8)
+    assert eight.overhead_s == pytest.approx(one.overhead_s)
+    with pytest.raises(ValueError, match="not 2"):
+        CostModel(tiny, cpu, tensor_parallel_size=2)
+
+
+def test_ranks_take_turns_on_stretches_shorter_than_a_time_slice(tiny, toy_hw):
+    """Three one-thread ranks on a 2-core CPU (measured on 2 threads) share the cores 1.5 ways. Where one rank's
+    stretch between two all-reduces is shorter than the OS's time slice it runs whole, so the ranks take 2 turns
+    (the layers' work and each rank's overheads x 2 / 1.5 over fair sharing); where it is longer the OS shares
+    fairly (x 1: the layers at the rates measured, the overheads 1.5 times, one per rank on 2 cores). The LM
+    head (rank 0 alone, half the rates) and the all-reduce are the same either way."""
+    shape = BatchShape.from_pairs([(1, 3), (1, 6)])
+    cpu = replace(toy_hw, cores=2, threads=2, measured_allreduce={2: [1e-4, 1e6], 3: [1e-4, 1e6]})
+    one = CostModel(tiny, cpu, block_size=4).breakdown(shape)
+    # one rank's stretch: (layers' memory time shared fairly / 1.5 + its overheads) / (2 all-reduces x 2 layers)
+    layers_s = (4304 - 640) / 1e8
+    stretch_s = (layers_s / 1.5 + one.overhead_s) / 4
+    turns = CostModel(tiny, replace(cpu, scheduler_slice_s=1.01 * stretch_s), block_size=4, tensor_parallel_size=3)
+    shared = CostModel(tiny, replace(cpu, scheduler_slice_s=stretch_s), block_size=4, tensor_parallel_size=3)
+    t, s = turns.breakdown(shape), shared.breakdown(shape)
+    assert (t.tp_turns, s.tp_turns) == (pytest.approx(2 / 1.5), 1.0)
+    assert t.memory_s == pytest.approx(layers_s * 2 / 1.5 + 640 / (1e8 * 0.5))
+    assert s.memory_s == pytest.approx(layers_s + 640 / (1e8 * 0.5))
+    assert (t.overhead_s, s.overhead_s) == (pytest.approx(2 * one.overhead_s), pytest.approx(1.5 * one.overhead_s))
+    assert t.comm_s == s.comm_s == pytest.approx(4 * (1e-4 + 4 / 3 * 32 / 1e6))
+    # no slice measured (0): turns, the rule before the slice was measured; and ranks that fit never take turns
+    assert CostModel(tiny, cpu, block_size=4, tensor_parallel_size=3).breakdown(shape).total_s == t.total_s
+    assert CostModel(tiny, replace(cpu, scheduler_slice_s=1.0), block_size=4, tensor_parallel_size=2
+                     ).breakdown(shape).tp_turns == 1.0
+
+
+def test_roofline_features_price_a_cpus_tensor_parallel_step(tiny, toy_hw):
+    """The calibrator's identity, step time - comm = features . unknowns, holds with ranks taking turns on the
+    cores and the LM head on rank 0."""
+    cpu = replace(toy_hw, cores=2, threads=2, weight_packing_passes=1.5, measured_allreduce={3: [1e-4, 1e6]})
+    unknowns = (cpu.step_overhead_s, cpu.per_seq_overhead_s, cpu.per_token_overhead_s, cpu.per_block_overhead_s,
+                1 / 2e8, 1 / 2e8, 1.5 / 1e8, 1 / 1e8)
+    for slice_s in (0.0, 1e-9):  # 2 turns, or (stretches longer than the slice) shared fairly; head on rank 0
+        model = CostModel(tiny, replace(cpu, scheduler_slice_s=slice_s), block_size=4, tensor_parallel_size=3,
+                          combine="sum")
+        for shape in (BatchShape.from_pairs([(1, 3), (1, 6)]), BatchShape.prefill(16), BatchShape.decode(1, 8)):
+            cost = model.breakdown(shape)
+            features = model.roofline_features(shape)
+            assert cost.tp_turns == (pytest.approx(2 / 1.5) if slice_s == 0 else 1.0)
+            assert sum(f * u for f, u in zip(features, unknowns, strict=True)) == pytest.approx(
+                cost.total_s - cost.comm_s)
+
+
 def test_given_blocks_and_kv_transfer(tiny, toy_hw):
     model = CostModel(tiny, toy_hw, block_size=4)
     assert model.breakdown(BatchShape((1,), (3,), num_blocks_touched=10)).num_blocks == 10

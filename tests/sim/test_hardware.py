@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from sim.hardware import (
     HardwareProfile,
     dtype_bytes,
     known_profile_names,
+    load_calibrated_profile,
     profiles_dir,
 )
 
@@ -113,6 +115,20 @@ def test_saved_profile_is_found_by_name(isolated_cache):
         HardwareProfile.named("nothing-like-it")
 
 
+def test_a_calibrated_profile_this_version_cannot_read_is_passed_over(isolated_cache):
+    """Another version's file (a field this one does not know) does not stop the simulator: the next saved
+    profile serves, or none (and load_or_calibrate measures one)."""
+    cpu = replace(HardwareProfile.named(DEFAULT_CPU_PROFILE), name="calibrated-cpu-float32")
+    newer = {**cpu.to_dict(), "name": "calibrated-cuda-float32", "a_field_from_the_future": 1}
+    (isolated_cache / "profiles").mkdir(parents=True)
+    (isolated_cache / "profiles" / "calibrated-cuda-float32.json").write_text(json.dumps(newer))
+    with pytest.warns(UserWarning, match="a_field_from_the_future"):
+        assert load_calibrated_profile() is None
+    cpu.save()
+    with pytest.warns(UserWarning, match="calibrated-cuda-float32.json"):
+        assert load_calibrated_profile() == cpu
+
+
 def test_builtin_names_win_over_saved_files(isolated_cache):
     impostor = HardwareProfile.named("h100-sxm")
     impostor.memory_bandwidth = 1.0
@@ -161,3 +177,49 @@ def test_retimed_profile_scales_every_step_time(name):
         assert CostModel(arch, slower, dtype="bfloat16").step_time(shape) == pytest.approx(1.5 * before)
     with pytest.raises(ValueError, match="time factor"):
         profile.retimed(0)
+
+
+@pytest.mark.parametrize("cores, threads, tp, rounds, rate, head", [
+    (0, 0, 4, 1, 4.0, 4.0),  # a GPU: a device per rank, the head split by vocabulary
+    (2, 2, 1, 1, 1.0, 1.0),  # one rank is the engine as measured
+    (2, 2, 2, 1, 1.0, 0.5),  # two 1-thread ranks on the 2 cores the profile measured with 2 threads
+    (2, 2, 3, 2, 1.0, 0.5),  # three 1-thread ranks on 2 cores: shared fairly, 1.0; or two turns (the cost model)
+    (2, 2, 4, 2, 1.0, 0.5),  # four: two turns of two
+    (2, 1, 2, 1, 2.0, 1.0),  # measured on 1 thread: two ranks use both cores
+    (4, 2, 2, 1, 2.0, 1.0),  # 2 ranks x 2 threads on 4 cores, measured on 2
+    (4, 4, 2, 1, 1.0, 0.5),  # measured on all 4 cores already
+    (8, 2, 3, 1, 3.0, 1.0),  # 3 ranks x 2 threads (8 // 3) on 8 cores
+])
+def test_tensor_parallel_ranks_share_a_cpus_cores(cores, threads, tp, rounds, rate, head):
+    profile = replace(HardwareProfile.named("local-cpu"), cores=cores, threads=threads)
+    assert profile.tensor_parallel_rounds(tp) == rounds
+    assert profile.tensor_parallel_rate(tp) == rate
+    assert profile.lm_head_rate(tp) == head
+    with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
+        profile.tensor_parallel_rate(0)
+
+
+def test_allreduce_terms_measured_then_interconnect():
+    cpu = replace(HardwareProfile.named("local-cpu"), cores=2, threads=2, measured_allreduce={2: [5e-4, 1.5e9]})
+    assert cpu.allreduce_terms(2) == (5e-4, 1.5e9)
+    with pytest.raises(ValueError, match=r"measured all-reduces among 2 processes, not 3; recalibrate"):
+        cpu.allreduce_terms(3)
+    with pytest.raises(ValueError, match="among no processes, not 2"):
+        replace(cpu, measured_allreduce={}).allreduce_terms(2)
+    h100 = HardwareProfile.named("h100-sxm")
+    assert h100.allreduce_terms(8) == (h100.interconnect_latency_s, h100.allreduce_bandwidth)
+    with pytest.raises(ValueError, match="no interconnect"):
+        replace(h100, interconnect_bandwidth=0.0).allreduce_terms(2)
+
+
+def test_tensor_parallel_terms_are_validated_and_survive_json(tmp_path):
+    cpu = HardwareProfile.named("local-cpu")
+    with pytest.raises(ValueError, match="sets both cores and threads"):
+        replace(cpu, cores=2, threads=0)
+    with pytest.raises(ValueError, match="measured_allreduce maps a tp >= 2"):
+        replace(cpu, measured_allreduce={1: [1e-4, 1e9]})
+    with pytest.raises(ValueError, match="measured_allreduce maps a tp >= 2"):
+        replace(cpu, measured_allreduce={2: [1e-4, 0.0]})
+    measured = replace(cpu, cores=2, threads=2, measured_allreduce={2: [5e-4, 1.5e9], 3: [1.3e-3, 1.3e9]})
+    assert HardwareProfile.from_json(measured.to_json(tmp_path / "cpu.json")) == measured  # int keys come back
+    assert measured.retimed(2.0).allreduce_terms(3) == (pytest.approx(2.6e-3), pytest.approx(0.65e9))
