@@ -61,7 +61,8 @@ def test_the_engine_and_the_live_view_call_only_the_interface(path):
 
 def test_one_core_and_one_message_vocabulary():
     """Each message class, `EngineCore` and `run_engine_core` are defined once, and two places start
-    processes: the clients' shared launcher (engine cores) and `MultiprocExecutor` (its workers)."""
+    serving processes: the clients' shared launcher (engine cores) and `MultiprocExecutor` (its workers).
+    (Calibration's two measurements of the machine start short-lived processes of their own.)"""
     names = {name for name, value in vars(messages).items()
              if inspect.isclass(value) and value.__module__ == messages.__name__}
     assert {"EngineCoreRequest", "AbortRequests", "UtilityCall", "Shutdown", "EngineCoreReady",
@@ -78,8 +79,8 @@ def test_one_core_and_one_message_vocabulary():
                 starts.append(str(path.relative_to(ROOT)))
     assert all(len(paths) == 1 for paths in defined.values()), defined
     assert set(defined) == wanted, f"not found: {wanted - set(defined)}"
-    assert sorted(starts) == ["ref_engine/engine_core/client.py",
-                              "ref_engine/executor/multiproc_executor.py"], starts
+    assert sorted(starts) == ["ref_engine/engine_core/client.py", "ref_engine/executor/multiproc_executor.py",
+                              "serving_lab/collectives.py", "serving_lab/time_slice.py"], starts
 
 
 class FakeProcess:
