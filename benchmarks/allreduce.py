@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from core.arch_config import ArchConfig
+from ref_engine.distributed.parallel_state import worker_threads
 from serving_lab.collectives import (
     AllReduceFit,
     AllReduceTiming,
     activation_sizes,
     fit_allreduce,
     measure_allreduce,
-    worker_threads,
 )
 
 SMOLLM2_TOKENS = (1, 16, 64, 512)

@@ -78,16 +78,6 @@ def activation_sizes(arch: ArchConfig, token_counts: Sequence[int], element_byte
     return [tokens * arch.hidden_size * element_bytes for tokens in token_counts]
 
 
-def worker_threads(world_size: int, cores: int | None = None) -> int:
-    """Torch threads the engine gives each of `world_size` ranks on `cores` cores (None: this process's,
-    `ref_engine.distributed.parallel_state.cpu_cores`, which the engine's workers count by)."""
-    if cores is None:
-        from ref_engine.distributed.parallel_state import cpu_cores  # torch: only where processes are spawned
-
-        cores = cpu_cores()
-    return max(1, cores // world_size)
-
-
 def fit_allreduce(timings: Sequence[AllReduceTiming]) -> AllReduceFit:
     """Latency and bus bandwidth of timings among one world size, at least two distinct sizes."""
     world_sizes = {t.world_size for t in timings}
@@ -117,12 +107,14 @@ def measure_allreduce(world_sizes: Sequence[int], sizes: Sequence[int] = CALIBRA
 
     One start-up for all world sizes (each process imports torch, ~2 s of a calibration): max(world_sizes)
     processes are spawned, and for each world size p the first p of them time their own process group while
-    the others sleep (in a multiprocessing barrier, not a spinning collective). Each rank runs
-    `worker_threads(p, cores)` torch threads, what the engine's workers get. Each size is warmed up, then
-    `repeats` batches of back-to-back all-reduces (as many as fill about `BATCH_SECONDS`) are timed after a
+    the others sleep (in a multiprocessing barrier, not a spinning collective). Each rank runs the torch
+    threads the engine's workers get (`worker_threads(p, cores)`, ref_engine.distributed.parallel_state).
+    Each size is warmed up, then `repeats` batches of back-to-back all-reduces (as many as fill about `BATCH_SECONDS`) are timed after a
     barrier; rank 0's fastest batch mean is kept, as every measurement here keeps the fastest run (other
     programs only ever slow one down)."""
     import torch.multiprocessing as mp
+
+    from ref_engine.distributed.parallel_state import worker_threads  # the engine's own rule (imports torch)
 
     for p in world_sizes:
         ring_factor(p)  # validates p

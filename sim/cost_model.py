@@ -132,6 +132,11 @@ class BatchShape:
     num_blocks_touched: int | None = None
     num_logit_rows: int | None = None
 
+    @property
+    def logit_rows(self) -> int:
+        """Rows the LM head computes: `num_logit_rows`, else one per request."""
+        return self.num_seqs if self.num_logit_rows is None else self.num_logit_rows
+
     def __post_init__(self) -> None:
         # Accept lists too, but store tuples so the shape stays hashable and immutable.
         if not isinstance(self.query_lens, tuple):
@@ -355,7 +360,7 @@ class CostModel:
 
     def _flops_and_bytes(self, shape: BatchShape, tokens: int, pairs: int, ctx_read: int
                          ) -> tuple[float, float, float, float, float, float, float]:
-        rows = shape.num_seqs if shape.num_logit_rows is None else shape.num_logit_rows
+        rows = shape.logit_rows
         linear = self._flops_per_token * tokens + self._flops_per_logit_row * rows
         attention = self._attn_flops_per_pair * pairs
         packed = ((self._layer_weight_bytes if tokens > 1 else 0)  # weights a multi-row GEMM packs
@@ -372,7 +377,7 @@ class CostModel:
 
     def _lm_head_own(self, shape: BatchShape) -> tuple[float, float, float]:
         """(FLOPs, bytes, packed bytes) of the LM head in a step's totals: its matmul, its weights and logits."""
-        rows = shape.num_seqs if shape.num_logit_rows is None else shape.num_logit_rows
+        rows = shape.logit_rows
         if not rows:
             return 0.0, 0.0, 0.0
         return (self._flops_per_logit_row * rows, self._lm_head_bytes + self._activation_bytes_per_logit_row * rows,
@@ -380,15 +385,13 @@ class CostModel:
 
     def _lm_head_extra(self, shape: BatchShape) -> tuple[float, float, float]:
         """(FLOPs, bytes, packed bytes) to add to a step's so that the LM head is priced at its own rate
-        (`HardwareProfile.lm_head_rate`) rather than the decoder layers': its work times
+        (`HardwareProfile.lm_head_rate`) rather than the decoder layers': its work (`_lm_head_own`) times
         (layers' rate / head's rate - 1). Zeros where both rates are one (GPUs, tp = 1)."""
         extra = self._lm_head_extra_weight
-        rows = shape.num_seqs if shape.num_logit_rows is None else shape.num_logit_rows
-        if not extra or not rows:
+        if not extra:
             return 0.0, 0.0, 0.0
-        return (extra * self._flops_per_logit_row * rows,
-                extra * (self._lm_head_bytes + self._activation_bytes_per_logit_row * rows),
-                extra * self._lm_head_bytes if rows > 1 else 0.0)
+        flops, num_bytes, packed = self._lm_head_own(shape)
+        return extra * flops, extra * num_bytes, extra * packed
 
     def _overhead_s(self, num_seqs: int, tokens: int, blocks: int) -> float:
         """One rank's step overhead (the whole step's on one device; each CPU rank runs it all)."""

@@ -248,7 +248,8 @@ class HardwareProfile:
         return self._rank_threads(tp) / self.threads
 
     def _rank_threads(self, tp: int) -> int:
-        """Torch threads each of a CPU's `tp` ranks runs (the engine's workers: max(1, cores // tp))."""
+        """Torch threads each of a CPU's `tp` ranks runs: the engine's rule, max(1, cores // tp)
+        (ref_engine.distributed.parallel_state.worker_threads, which the simulator does not import)."""
         return max(1, self.cores // tp)
 
     def _ranks_at_once(self, tp: int) -> int:

@@ -100,7 +100,7 @@ class PipelineCostModel:
     def microbatches(self, shape: BatchShape) -> list[BatchShape]:
         """The step's requests dealt round-robin into min(num_microbatches, requests) groups."""
         m = min(self.num_microbatches, shape.num_seqs)
-        rows = shape.num_seqs if shape.num_logit_rows is None else shape.num_logit_rows
+        rows = shape.logit_rows
         groups = []
         for j in range(m):
             q, c = shape.query_lens[j::m], shape.context_lens[j::m]

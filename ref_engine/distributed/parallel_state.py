@@ -71,6 +71,12 @@ def cpu_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def worker_threads(tensor_parallel_size: int, cores: int | None = None) -> int:
+    """Torch threads each of `tensor_parallel_size` worker processes runs on a CPU: the cores (None:
+    `cpu_cores()`) shared out, at least one each, so the ranks do not fight over cores."""
+    return max(1, (cpu_cores() if cores is None else cores) // tensor_parallel_size)
+
+
 def init_distributed_environment(rank: int, world_size: int, init_method: str,
                                  device: torch.device) -> GroupCoordinator:
     """Join the engine's process group as `rank` of `world_size` (every rank calls this, and each waits for

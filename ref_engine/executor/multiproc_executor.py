@@ -54,7 +54,7 @@ import torch.multiprocessing
 
 from core.config import EngineConfig
 from core.interfaces import SchedulerOutput
-from ref_engine.distributed.parallel_state import cpu_cores
+from ref_engine.distributed.parallel_state import worker_threads
 from ref_engine.executor.abstract import Executor, ExecutorDeadError
 from ref_engine.model.loader import LoadedModel
 from ref_engine.runner import ModelOutput
@@ -233,7 +233,7 @@ def worker_main(rank: int, worker_config: WorkerConfig, distributed_init_method:
     shutdown or its end of the pipe closes. Ctrl-C is the engine's to handle, not the worker's."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent()
-    torch.set_num_threads(max(1, cpu_cores() // worker_config.parallel_config.tensor_parallel_size))
+    torch.set_num_threads(worker_threads(worker_config.parallel_config.tensor_parallel_size))
     worker = Worker(rank, worker_config, distributed_init_method)
 
     def start() -> WorkerInfo:

@@ -55,15 +55,15 @@ def read_header(path: str | Path) -> GGUFHeader:
     """The header of the GGUF file at `path`: from its saved parse where one is valid, else parsed (and,
     for a file in the cache folder, saved)."""
     path = Path(path)
+    cached = path.resolve().is_relative_to(cache_dir().resolve())
     stamp = _stamp(path)
-    saved = _saved(path, stamp)
-    if saved is not None:
+    if cached and (saved := _saved(path, stamp)) is not None:
         return saved
     reader = gguf.GGUFReader(path)
     header = GGUFHeader(
         metadata={name: field.contents() for name, field in reader.fields.items()},
         tensors=[GGUFTensor(t.name, t.tensor_type, [int(d) for d in t.shape], t.data) for t in reader.tensors])
-    if _in_cache_folder(path):
+    if cached:
         _save(path, stamp, header, {t.name: int(t.data_offset) for t in reader.tensors})
     return header
 
@@ -77,13 +77,9 @@ def _stamp(path: Path) -> dict[str, Any]:
     return {"format": FORMAT, "gguf": version("gguf"), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
-def _in_cache_folder(path: Path) -> bool:
-    return path.resolve().is_relative_to(cache_dir().resolve())
-
-
 def _saved(path: Path, stamp: dict[str, Any]) -> GGUFHeader | None:
     saved = header_path(path)
-    if not _in_cache_folder(path) or not saved.is_file():
+    if not saved.is_file():
         return None
     try:
         data = json.loads(saved.read_text())
@@ -117,7 +113,6 @@ def _save(path: Path, stamp: dict[str, Any], header: GGUFHeader, offsets: dict[s
             json.dump(data, out)
         os.replace(partial, target)
     except OSError:  # a full disk, say
+        pass
+    finally:  # gone after the rename; otherwise nothing half-written stays
         Path(partial).unlink(missing_ok=True)
-    except BaseException:
-        Path(partial).unlink(missing_ok=True)
-        raise

@@ -61,9 +61,8 @@ class GGUFCheckpoint:
         self.content_files = [self.path]  # what the model's numbers depend on: weights and metadata
         header = read_header(self.path)
         self.metadata: dict[str, Any] = header.metadata
-        self.tensor_list = header.tensors
-        self.tensors = {t.name: t for t in self.tensor_list}
-        for tensor in self.tensor_list:  # fail before any slow work
+        self.tensors = {t.name: t for t in header.tensors}  # in the file's order
+        for tensor in self.tensors.values():  # fail before any slow work
             self.hf_name(tensor.name)
             if tensor.tensor_type not in SUPPORTED_QUANT_TYPES:
                 raise ValueError(
@@ -94,13 +93,13 @@ class GGUFCheckpoint:
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """`(hugging_face_name, float32 tensor)` for every tensor in the file."""
-        for tensor in self.tensor_list:
+        for tensor in self.tensors.values():
             yield self.hf_name(tensor.name), self.hf_rows(tensor.name, torch.tensor(dequantize(tensor)))
 
     def int4_weights(self) -> dict[str, Int4Weight]:
         """The file's Q4_1 tensors as `Int4Weight`s (the same codes, scales and minima), by Hugging Face name."""
         return {self.hf_name(t.name): Int4Weight.from_q4_1(*(self.hf_rows(t.name, part) for part in q4_1_parts(t)))
-                for t in self.tensor_list if t.tensor_type == QType.Q4_1}
+                for t in self.tensors.values() if t.tensor_type == QType.Q4_1}
 
     def hf_rows(self, gguf_name: str, values: torch.Tensor) -> torch.Tensor:
         """`values` (a tensor's weights, or anything with one row per output) in Hugging Face's row order."""

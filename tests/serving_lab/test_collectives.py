@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from core.arch_config import ArchConfig
+from ref_engine.distributed.parallel_state import worker_threads
 from serving_lab.collectives import (
     AllReduceFit,
     AllReduceTiming,
@@ -13,7 +14,6 @@ from serving_lab.collectives import (
     fit_allreduce,
     measure_allreduce,
     ring_factor,
-    worker_threads,
 )
 
 
