@@ -52,3 +52,18 @@ def test_a_compiler_that_fails_names_the_knob_at_start(tiny, monkeypatch):
     with pytest.raises(CompileError, match=r"torch.compile of the decoder failed \(.*\); pass enforce_eager=True"):
         LLMEngine(tiny, enforce_eager=False)
     torch._dynamo.reset()
+
+
+def test_only_a_compiling_process_imports_dynamo():
+    """The eager engine, its workers and the server never import torch._dynamo (~1.5 s a process): the
+    compiled decoder wraps what it must call eagerly on its first compile (compile.EAGER), not at import."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, ref_engine.engine, ref_engine.executor.multiproc_executor, "
+            "ref_engine.entrypoints.openai.api_server, ref_engine.model.compile; "
+            "print('torch._dynamo' in sys.modules)")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
