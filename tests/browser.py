@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -180,3 +181,51 @@ def broken_links(checks: dict[Path, PageCheck], site: Path) -> list[str]:
 def open_page(path: Path, executable: str | None = None) -> PageCheck:
     """Open one local HTML file in headless Chromium and report its errors, failed requests and image sizes."""
     return open_pages([path], executable)[path]
+
+
+@contextmanager
+def served(folder: Path) -> Iterator[str]:
+    """`folder` served over HTTP on a free loopback port for the block's duration; yields the origin URL. Pages
+    that start WebAssembly (the lessons' playgrounds) need this: a file:// page cannot fetch their files."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def offline(page, origin: str) -> list[str]:
+    """Refuse every request of `page` that leaves `origin`; returns the (growing) list of refused URLs."""
+    refused: list[str] = []
+
+    def route(route) -> None:
+        if route.request.url.startswith(origin + "/"):
+            route.continue_()
+        else:
+            refused.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", route)
+    return refused
+
+
+def run_playground(page, url: str, guess: str = "1", timeout_ms: int = 180_000) -> dict[str, str]:
+    """Open a lesson page's playground at `url`, enter a prediction, run it with the default knobs and wait for
+    it to finish; returns the playground's data attributes (state, digest, answer, loadMs, runMs)."""
+    page.goto(url, wait_until="load", timeout=TIMEOUT_MS)
+    page.fill("section.playground .pg-guess", guess)
+    page.click("section.playground .pg-run")
+    page.wait_for_selector("section.playground[data-state=done], section.playground[data-state=failed]",
+                           timeout=timeout_ms)
+    return page.eval_on_selector("section.playground", "s => ({...s.dataset})")

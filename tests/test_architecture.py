@@ -2,10 +2,11 @@
 the layout ARCHITECTURE.md and the README describe, against the tree.
 
 `lint-imports` (the import-linter package, in the `test` extra) reads the source statically, without importing
-it, and checks three contracts: layers (the course above the product, the product above the engine and the
+it, and checks four contracts: layers (the course above the product, the product above the engine and the
 simulator, two independent siblings, both above the torch-free core they share); torch-free (the simulator and
-the core never import torch); acyclic (no import circles between the modules or
-subpackages of any package). Indirect imports count too. tests/core/test_no_torch.py checks the torch-free
+the core never import torch); browser (the lessons' playgrounds, course/playground.py, with the simulator and
+the core, import nothing the browser's Pyodide lacks: no torch, numpy, PyYAML, engine or product code);
+acyclic (no import circles between the modules or subpackages of any package). Indirect imports count too. tests/core/test_no_torch.py checks the torch-free
 rule once more at run time.
 
 The contracts must also be able to fail: each one is run on a copy of the packages with one bad import added.
@@ -61,6 +62,7 @@ def tree_report() -> str:
 @pytest.mark.parametrize("contract_id", [
     "layers",
     "torch-free",
+    "browser",
     "acyclic",
 ])
 def test_contract_holds(tree_report: str, contract_id: str):
@@ -68,7 +70,7 @@ def test_contract_holds(tree_report: str, contract_id: str):
 
 
 def test_every_contract_is_tested():
-    assert set(contracts()) == {"layers", "torch-free", "acyclic"}
+    assert set(contracts()) == {"layers", "torch-free", "browser", "acyclic"}
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +98,8 @@ VIOLATIONS = [
     ("sim/simulator.py", "import serving_lab.fidelity", "layers", "sim.simulator -> serving_lab.fidelity"),
     ("sim/executor.py", "import torch", "torch-free", "sim.executor -> torch"),
     ("core/request.py", "import torch.nn", "torch-free", "core.request -> torch"),
+    ("course/playground.py", "from serving_lab.pairing import Sides", "browser",
+     "course.playground -> serving_lab.pairing"),
     ("course/drawing.py", "import course.continuous_batching", "acyclic", "No cycles are allowed in course."),
     ("ref_engine/kv_transfer/config.py", "import ref_engine.kv_transfer.connector", "acyclic",
      "No cycles are allowed in ref_engine.kv_transfer."),

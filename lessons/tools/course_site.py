@@ -6,7 +6,13 @@ with their outputs and plots, and every source file the course links, in one fol
     python lessons/tools/course_site.py --no-execute       # notebooks shown with their stored run (seconds)
     python lessons/tools/course_site.py --update-figures   # also refresh lessons/img/ from the executed notebooks
     python lessons/tools/course_site.py --figures 05-speculative-decoding   # only that notebook's figures, no site
+    python lessons/tools/course_site.py --no-playground     # without the lessons' in-browser simulator
     python -m http.server -d site                          # then open http://localhost:8000 (or open site/index.html)
+
+The lessons' playgrounds run the course's simulator in the page with Pyodide, pinned in
+lessons/tools/playground/package.json: `npm ci --prefix lessons/tools/playground` installs it (once), and the
+build copies it into site/playground/ with everything else the page loads, so the site works offline. A page
+opened from disk cannot start WebAssembly: serve the folder (the http.server line above) to use them.
 
 Why no site generator: the course is GitHub-flavoured Markdown that must read well on GitHub as it is (raw
 `<a id>` anchors, relative `.md` and `.ipynb` links), so the site renders the same files with markdown-it-py (as the
@@ -29,6 +35,7 @@ import re
 import shutil
 import sys
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
@@ -48,6 +55,14 @@ ENTRY_PAGES = ("lessons/README.md", "glossary.md", "lessons/interview-bank.md", 
 PROJECT_PAGES = (("README.md", "Project README"), ("ARCHITECTURE.md", "Architecture"),
                  ("benchmarks/RESULTS.md", "Measured results"))
 LEVELS = {"E": "easy", "M": "medium", "H": "hard"}
+# The playgrounds (course/playground.py run by Pyodide in the page): where a lesson's Markdown says
+# PLAYGROUND_MARKER, its page gets the playground. Pyodide comes from the npm registry, pinned in
+# lessons/tools/playground/package.json and installed beside it by `npm ci`; uPlot is the dashboard's copy.
+PLAYGROUND_MARKER = "<!-- playground -->"
+PLAYGROUND_NPM = Path(__file__).resolve().parent / "playground"
+PYODIDE_FILES = ("pyodide.js", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json")
+UPLOT = ROOT / "ref_engine" / "entrypoints" / "dashboard" / "static" / "vendor" / "uplot"
+SIMULATOR_ARCHIVE = "serving_lab_sim.zip"
 
 
 class SiteError(Exception):
@@ -134,7 +149,7 @@ def collect(course: Course) -> Site:
 
 
 def _hidden(path: Path) -> bool:
-    return path.name.startswith((".", "__pycache__")) or path.suffix in (".pyc",)
+    return path.name.startswith((".", "__pycache__", "node_modules")) or path.suffix in (".pyc",)
 
 
 # ---- rendering ----------------------------------------------------------------------------------------------
@@ -190,11 +205,11 @@ def navigation(course: Course) -> list[NavItem]:
 class Renderer:
     """Writes pages into `out` through the one template; every link is made relative to the page's place."""
 
-    def __init__(self, course: Course, out: Path) -> None:
+    def __init__(self, course: Course, out: Path, playgrounds: bool = False) -> None:
         import jinja2
         from pygments.formatters import HtmlFormatter
 
-        self.course, self.out = course, out
+        self.course, self.out, self.playgrounds = course, out, playgrounds
         env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True)
         self.template = env.get_template("page.html.j2")
         self.nav = navigation(course)
@@ -223,7 +238,11 @@ class Renderer:
 
     def markdown_page(self, repo_path: str) -> Path:
         text = (self.course.root / repo_path).read_text(encoding="utf-8")
-        return self.write(repo_path, _title(text, repo_path), _markdown_to_html(text))
+        html = _markdown_to_html(text)
+        if self.playgrounds and PLAYGROUND_MARKER in html:
+            here = Path(self._site_path(repo_path)).parent.as_posix()
+            html = html.replace(PLAYGROUND_MARKER, playground_html(Path(repo_path).stem, here))
+        return self.write(repo_path, _title(text, repo_path), html)
 
     def notebook_page(self, repo_path: str, notebook) -> Path:
         from nbconvert import HTMLExporter
@@ -288,6 +307,95 @@ def home_body(course: Course) -> str:
         "{{QUESTIONS}}", str(len(course.questions)))
 
 
+# ---- the playgrounds ---------------------------------------------------------------------------------------
+
+def pinned_pyodide(npm: Path = PLAYGROUND_NPM) -> Path:
+    """The installed Pyodide package, at the version package.json pins. A SiteError naming the fix otherwise:
+    a page whose playground cannot load is worse than a build that says why."""
+    wanted = json.loads((npm / "package.json").read_text(encoding="utf-8"))["dependencies"]["pyodide"]
+    folder = npm / "node_modules" / "pyodide"
+    fix = (f"run `npm ci --prefix {os.path.relpath(npm)}` (it needs Node.js and npm), "
+           "or build without the playgrounds (--no-playground)")
+    if not (folder / "package.json").is_file():
+        raise SiteError(f"the lessons' playgrounds need Pyodide {wanted}, which is not installed: {fix}")
+    version = json.loads((folder / "package.json").read_text(encoding="utf-8"))["version"]
+    missing = [name for name in PYODIDE_FILES if not (folder / name).is_file()]
+    if version != wanted or missing:
+        found = f"Pyodide {version}" + (f" without {', '.join(missing)}" if missing else "")
+        raise SiteError(f"the lessons' playgrounds need Pyodide {wanted}, found {found}: {fix}")
+    return folder
+
+
+def simulator_archive(root: Path = ROOT) -> bytes:
+    """One zip the page unpacks into Pyodide: `core`, `sim`, `course/playground.py` and SimPy with its licence
+    (all pure Python). Byte-for-byte the same for the same sources (fixed dates, sorted names)."""
+    import importlib.metadata
+    import io
+
+    import simpy
+
+    files: dict[str, Path] = {}
+    for package in ("core", "sim"):
+        for path in sorted((root / package).rglob("*")):
+            if path.suffix in (".py", ".json", ".csv") and "__pycache__" not in path.parts:
+                files[path.relative_to(root).as_posix()] = path
+    for name in ("course/__init__.py", "course/playground.py"):
+        files[name] = root / name
+    simpy_dir = Path(simpy.__file__).parent
+    for path in sorted(simpy_dir.rglob("*.py")):
+        files[f"simpy/{path.relative_to(simpy_dir).as_posix()}"] = path
+    licence = [f for f in importlib.metadata.distribution("simpy").files or () if f.name.startswith("LICENSE")]
+    if licence:
+        files["simpy/LICENSE"] = Path(licence[0].locate())
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in sorted(files):
+            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(info, files[name].read_bytes())
+    return buffer.getvalue()
+
+
+def write_playground_files(out: Path, root: Path = ROOT, npm: Path = PLAYGROUND_NPM) -> None:
+    """The site's playground/ folder: Pyodide's runtime, the simulator's archive, uPlot and the page script."""
+    pyodide = pinned_pyodide(npm)
+    folder = out / "playground"
+    (folder / "pyodide").mkdir(parents=True)
+    for name in PYODIDE_FILES:
+        shutil.copyfile(pyodide / name, folder / "pyodide" / name)
+    version = json.loads((pyodide / "package.json").read_text(encoding="utf-8"))["version"]
+    (folder / "pyodide" / "VENDORED.txt").write_text(
+        f"Pyodide {version} (https://pyodide.org), Mozilla Public License 2.0: the runtime files of the npm "
+        f"registry's `pyodide@{version}`, unchanged.\n", encoding="utf-8")
+    shutil.copytree(UPLOT, folder / "vendor" / "uplot")
+    shutil.copyfile(TEMPLATES / "playground.js", folder / "playground.js")
+    (folder / SIMULATOR_ARCHIVE).write_bytes(simulator_archive(root))
+
+
+def playground_html(stem: str, here: str) -> str:
+    """The playground block of lesson `stem`'s page (in the site folder `here`); '' if the lesson has none."""
+    from html import escape
+
+    from course.playground import BY_LESSON, catalog
+
+    if stem not in BY_LESSON:
+        return ""
+    spec = next(entry for entry in catalog() if entry["lesson"] == stem)
+    root = relative("playground", here) + "/"
+    data = json.dumps(spec).replace("</", "<\\/")  # safe inside <script>
+    return (f'<section class="playground" id="playground" data-root="{escape(root)}">\n'
+            f"<h2>Try it: {escape(spec['title'])}</h2>\n"
+            '<p class="muted">The course\'s simulator (<code>course/playground.py</code> with <code>core/</code> and '
+            "<code>sim/</code>) running in your browser on Pyodide, serving Llama-3.1-8B on the GPU you choose. "
+            "Predict first, then run.</p>\n"
+            f'<script type="application/json">{data}</script>\n'
+            '<form class="pg-form"></form>\n<p class="pg-status"></p>\n<div class="pg-result"></div>\n'
+            f'<link rel="stylesheet" href="{root}vendor/uplot/uPlot.min.css">\n'
+            f'<script src="{root}vendor/uplot/uPlot.iife.min.js"></script>\n'
+            f'<script src="{root}pyodide/pyodide.js"></script>\n'
+            f'<script src="{root}playground.js"></script>\n</section>\n')
+
+
 # ---- notebooks and their figures ----------------------------------------------------------------------------
 
 def read_notebook(path: Path, execute: bool, timeout_s: int = 1800):
@@ -332,16 +440,21 @@ def figure_tags(path: Path) -> list[str]:
 
 # ---- the build ----------------------------------------------------------------------------------------------
 
-def build(out: Path, *, execute: bool = True, update_figures: bool = False, root: Path = ROOT,
-          progress=print) -> Site:
-    """Build the site into `out` (replaced whole, never left half-written: built beside it, then renamed)."""
+def build(out: Path, *, execute: bool = True, update_figures: bool = False, playground: bool = True,
+          root: Path = ROOT, progress=print) -> Site:
+    """Build the site into `out` (replaced whole, never left half-written: built beside it, then renamed).
+    `playground`: the lessons' in-browser simulator too (it needs the pinned Pyodide: `pinned_pyodide`)."""
     if update_figures and not execute:
         raise SiteError("--update-figures needs the notebooks executed (drop --no-execute)")
+    if playground:
+        pinned_pyodide()  # before anything is executed or written
     course = Course(root)
     site = collect(course)
     with replaced_whole(Path(out).resolve()) as tmp:
-        renderer = Renderer(course, tmp)
+        renderer = Renderer(course, tmp, playgrounds=playground)
         renderer.css()
+        if playground:
+            write_playground_files(tmp, root)
         figures: dict[str, bytes] = {}
         for name in site.notebooks:
             started = time.perf_counter()
@@ -390,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="render the notebooks as committed (their stored fast-mode run) instead of executing them")
     parser.add_argument("--update-figures", action="store_true",
                         help="write the figures of cells tagged figure:<name> into lessons/img/")
+    parser.add_argument("--no-playground", dest="playground", action="store_false",
+                        help="leave out the lessons' in-browser simulator (it needs `npm ci` in lessons/tools/playground)")
     parser.add_argument("--figures", nargs="+", metavar="STEM",
                         help="only execute these notebooks and rewrite their figures (no site)")
     args = parser.parse_args(argv)
@@ -405,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.figures:
             update_figures(args.figures)
             return 0
-        site = build(args.out, execute=args.execute, update_figures=args.update_figures)
+        site = build(args.out, execute=args.execute, update_figures=args.update_figures, playground=args.playground)
     except SiteError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -1,10 +1,14 @@
 """The course site (lessons/tools/course_site.py): it builds from the checkout, every page opens clean in a real
-browser with no broken link or anchor, notebook figures reach the lessons, and a failed build leaves nothing."""
+browser with no broken link or anchor, notebook figures reach the lessons, a failed build leaves nothing, and
+each lesson's playground runs the simulator offline in the browser with the decisions Python makes."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import sys
+import zipfile
 from pathlib import Path
 
 import course_site
@@ -14,7 +18,26 @@ from conftest import ROOT
 from course_reader import Course
 
 sys.path.insert(0, str(ROOT / "tests"))
-from browser import broken_links, open_pages, require_browser  # noqa: E402
+from browser import broken_links, launch, offline, open_pages, require_browser, run_playground, served  # noqa: E402
+
+from course.playground import PLAYGROUNDS, run  # noqa: E402
+
+
+def pyodide_installed() -> bool:
+    try:
+        course_site.pinned_pyodide()
+    except course_site.SiteError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, course_site.Site, bool]:
+    """The site, built once for this module's browser tests (`--no-execute`), with the playgrounds where the
+    pinned Pyodide is installed; (folder, what it holds, whether it has the playgrounds)."""
+    out = tmp_path_factory.mktemp("built") / "site"
+    playground = pyodide_installed()
+    return out, course_site.build(out, execute=False, playground=playground, progress=lambda _: None), playground
 
 
 def test_site_url_maps_each_kind_of_file() -> None:
@@ -96,10 +119,9 @@ def test_a_failed_build_leaves_the_old_site_and_no_temp_folder(tmp_path: Path, m
     assert [p.name for p in tmp_path.iterdir()] == ["site"] and (out / "old.html").read_text() == "old"
 
 
-def test_the_site_builds_and_every_page_reads_clean_in_a_browser(tmp_path: Path) -> None:
+def test_the_site_builds_and_every_page_reads_clean_in_a_browser(built) -> None:
     chromium = require_browser()
-    out = tmp_path / "site"
-    site = course_site.build(out, execute=False, progress=lambda _: None)
+    out, site, _ = built
     course = Course()
     for lesson in course.lessons:
         assert f"lessons/{lesson.stem}.md" in site.markdown
@@ -112,3 +134,65 @@ def test_the_site_builds_and_every_page_reads_clean_in_a_browser(tmp_path: Path)
     mock = checks[out / "mock-interview.html"]
     assert sum("interview-bank.html#q-" in link for link in mock.links) == 5  # the first draw, on opening
     assert len(course.questions) >= 60
+
+
+def test_the_build_refuses_a_missing_or_other_pyodide_before_writing(tmp_path: Path, monkeypatch) -> None:
+    npm = tmp_path / "npm"
+    npm.mkdir()
+    shutil.copyfile(course_site.PLAYGROUND_NPM / "package.json", npm / "package.json")
+    monkeypatch.setattr(course_site, "PLAYGROUND_NPM", npm)
+    monkeypatch.setattr(course_site.pinned_pyodide, "__defaults__", (npm,))
+    out = tmp_path / "site"
+    with pytest.raises(course_site.SiteError, match=r"need Pyodide 314\.0\.8, which is not installed: run `npm ci"):
+        course_site.build(out, execute=False, progress=lambda _: None)
+    assert not out.exists()
+    (npm / "node_modules" / "pyodide").mkdir(parents=True)
+    (npm / "node_modules" / "pyodide" / "package.json").write_text(json.dumps({"version": "0.26.0"}))
+    with pytest.raises(course_site.SiteError, match=r"found Pyodide 0\.26\.0 without pyodide\.js, .*--no-playground"):
+        course_site.pinned_pyodide(npm)
+    assert course_site.main(["--out", str(out), "--no-execute"]) == 1 and not out.exists()
+
+
+def test_the_simulator_archive_holds_the_simulator_and_simpy_and_is_reproducible() -> None:
+    archive = course_site.simulator_archive()
+    assert archive == course_site.simulator_archive()
+    names = set(zipfile.ZipFile(__import__("io").BytesIO(archive)).namelist())
+    assert {"course/playground.py", "core/scheduler.py", "sim/simulator.py", "sim/data/gpu_fit.json",
+            "simpy/__init__.py", "simpy/LICENSE"} <= names
+    assert not any(n.startswith(("ref_engine/", "serving_lab/")) or "__pycache__" in n for n in names)
+
+
+def test_each_playground_runs_offline_in_the_browser_as_in_python(built) -> None:
+    """Served over HTTP with every request off the site refused: each lesson's playground starts Pyodide,
+    runs, draws, and its scheduling decisions (the digest) and answer are Python's to the last digit."""
+    chromium = require_browser()
+    out, _, playground = built
+    if not playground:
+        pytest.skip("the pinned Pyodide is not installed: npm ci --prefix lessons/tools/playground")
+    from playwright.sync_api import sync_playwright
+
+    with served(out) as origin, sync_playwright() as pw:
+        browser = launch(pw, chromium)
+        try:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            refused = offline(page, origin)
+            for playground in PLAYGROUNDS:
+                shown = run_playground(page, f"{origin}/lessons/{playground.lesson}.html", guess="2")
+                expected = run(playground.lesson)
+                assert shown["state"] == "done", (playground.lesson, page.inner_text("section.playground .pg-status"))
+                assert (shown["digest"], float(shown["answer"])) == (expected["digest"], expected["answer"])
+                assert page.locator("section.playground .uplot canvas").count() == 1
+                assert page.locator("section.playground .pg-result li").count() == len(expected["lines"])
+            # a knob moved on the last page (lesson 7): the request rate's slider to its first value, run again
+            page.evaluate("document.querySelector('section.playground').dataset.state = 'again'")
+            page.fill("section.playground input[name=request_rate]", "0")
+            page.click("section.playground .pg-run")
+            page.wait_for_selector("section.playground[data-state=done]", timeout=60_000)
+            shown = page.eval_on_selector("section.playground", "s => ({...s.dataset})")
+            assert shown["digest"] == run(PLAYGROUNDS[-1].lesson, request_rate=4.0)["digest"] != expected["digest"]
+        finally:
+            browser.close()
+    assert errors == [] and refused == []
