@@ -42,6 +42,12 @@ from statistics import fmean, median
 from core.interfaces import SchedulerOutput, StepResult
 from core.request import DEFAULT_TENANT, Request, RequestStatus
 
+# The latency histograms' buckets in seconds, from 1 ms to a few minutes (CPU steps are slower than vLLM's GPU
+# ones): the server's /metrics (ref_engine/async_engine/prometheus.py) and a simulated run's dashboard replay
+# (sim/dashboard_replay.py) count in the same buckets.
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                   20.0, 40.0, 80.0, 160.0)
+
 
 @dataclass(frozen=True)
 class StepRecord:

@@ -275,7 +275,8 @@ def _simulate(args: argparse.Namespace) -> None:
         simulator = Simulator(hardware=hardware, acceptance=acceptance, **deployment)
         check_prompt_lengths(workload, simulator.config.max_model_len)
         if args.dashboard:
-            from serving_lab.dashboard_replay import Replay, record_simulation, serve_replay
+            from serving_lab.dashboard_replay import serve_replay
+            from sim.dashboard_replay import Replay, record_simulation
 
             speed = 1.0 if args.speed is None else args.speed
             recording = record_simulation(simulator, workload, speed, f"{manifest.service}: {simulator.arch.name} on "

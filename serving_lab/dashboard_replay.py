@@ -1,15 +1,7 @@
-"""A simulated run on the live dashboard: `serving-lab simulate ... --dashboard [--speed X]`.
+"""`serving-lab simulate ... --dashboard`: a simulated run (sim/dashboard_replay.py) replayed on the dashboard's
+page, served by a small local server of its own, at the wall clock's pace.
 
-`record_simulation` runs the simulator with a recorder on its steps: the same `StepSummarizer` the
-engine core uses (core/step_summary.py), with a KV pool snapshot every `FRAME_INTERVAL_S x speed`
-simulated seconds, so the replay has a fresh one for each frame. `Replay.frames` then plays the record
-back: each page that connects gets its own replay from the start, where `speed` simulated seconds pass
-per wall-clock second, in the frames a live server sends (ref_engine/entrypoints/dashboard/frames.py),
-so the page cannot tell them apart but for the word "simulated" and the end of the replay (`done`).
-
-The six metrics move as the simulated clock passes each request's moments: its first token (TTFT, and
-its prompt counted as served), each later token (an ITL gap, one token served), its end (TPOT); the
-histograms use the server's buckets. `serve_replay` serves the page on a small local server of its own.
+Each page that connects gets its own replay from the start, a frame every `FRAME_INTERVAL_S` of wall time.
 
 Lesson: lessons/06-architecture-map.md (the same loop, simulated).
 """
@@ -17,177 +9,27 @@ Lesson: lessons/06-architecture-map.md (the same loop, simulated).
 from __future__ import annotations
 
 import asyncio
-import bisect
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from core.metrics import RunMetrics, StepRecord
-from core.request import DEFAULT_TENANT
-from core.scheduler import Scheduler
-from core.step_summary import StepSummarizer, StepSummary
-from core.workload import Workload
-from ref_engine.async_engine.prometheus import LATENCY_BUCKETS
-from ref_engine.entrypoints.dashboard.frames import (
-    FRAME_INTERVAL_S,
-    RATE_WINDOW_S,
-    STEP_FIELDS,
-    histogram_json,
-    metrics_json,
-    pool_json,
-    steps_json,
-    tenants_json,
-)
-from sim.simulator import Simulator
+from core.dashboard_frames import FRAME_INTERVAL_S
+from sim.dashboard_replay import Replay
 
 
-@dataclass
-class _Recorder:
-    """`Simulator.run`'s `on_step`: a summary per step, and when each request was first preempted."""
-
-    pool_interval: float
-    summaries: list[StepSummary] = field(default_factory=list)
-    first_preempted: list[float] = field(default_factory=list)  # the time each request was first preempted
-    summarizer: StepSummarizer | None = None
-
-    def __call__(self, scheduler: Scheduler, record: StepRecord) -> None:
-        if self.summarizer is None:
-            self.summarizer = StepSummarizer(scheduler, scheduler.config, self.pool_interval)
-        end = record.start + record.duration
-        self.summaries.append(self.summarizer.summarize(record, end))
-        if record.num_preempted:  # the scheduler's running total of requests preempted at least once
-            newly = scheduler.make_stats().num_preempted_reqs - len(self.first_preempted)
-            self.first_preempted += [end] * newly
+def wall_clock(speed: float) -> Iterator[float]:
+    """Simulated seconds since the first read, at `speed` simulated seconds per wall-clock second."""
+    started = time.monotonic()
+    while True:
+        yield (time.monotonic() - started) * speed
 
 
-@dataclass(frozen=True)
-class Recording:
-    """A simulated run, ready to replay: its step summaries and its metrics (with every request's row)."""
-
-    title: str
-    summaries: list[StepSummary]
-    run: RunMetrics
-    first_preempted: list[float]  # sorted
-    tenant_weights: dict[str, float] | None  # the fair policy's; None under another policy
-
-    @property
-    def end_time(self) -> float:
-        last = self.summaries[-1] if self.summaries else None
-        return last.start + last.duration if last else 0.0
-
-
-def record_simulation(simulator: Simulator, workload: Workload, speed: float, title: str) -> Recording:
-    """Run `workload` on `simulator`, recording what a replay at `speed` needs."""
-    check_speed(speed)
-    recorder = _Recorder(pool_interval=FRAME_INTERVAL_S * speed)
-    run = simulator.run(workload, on_step=recorder)
-    config = simulator.config
-    weights = dict(config.tenant_weights or ()) if config.scheduling_policy == "fair" else None
-    return Recording(title, recorder.summaries, run, recorder.first_preempted, weights)
-
-
-def check_speed(speed: float) -> None:
-    if not speed > 0:
-        raise ValueError(f"--speed must be > 0 (simulated seconds per second of replay), got {speed}")
-
-
-class _Moments:
-    """Values observed at moments of the simulated clock, summed and bucketed as the clock passes them."""
-
-    def __init__(self, moments: list[tuple[float, float]]) -> None:
-        moments.sort()
-        self.times = [t for t, _ in moments]
-        self.values = [v for _, v in moments]
-        self.passed = 0
-        self.total = 0.0
-        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
-
-    def advance(self, until: float) -> None:
-        end = bisect.bisect_right(self.times, until)
-        for value in self.values[self.passed:end]:
-            self.total += value
-            self.counts[bisect.bisect_left(LATENCY_BUCKETS, value)] += 1
-        self.passed = end
-
-    def sum_count(self) -> tuple[float, int]:
-        return self.total, self.passed
-
-
-class Replay:
-    """Plays one `Recording` back, to any number of pages, each from the start."""
-
-    def __init__(self, recording: Recording, speed: float) -> None:
-        check_speed(speed)
-        self.recording = recording
-        self.speed = speed
-        self.step_ends = [s.start + s.duration for s in recording.summaries]
-        self.preemptions = _cumulative([s.num_preempted for s in recording.summaries])
-        rows = [r for r in recording.run.requests if r.finished]
-        self.token_times = sorted(t for r in rows for t in r.token_times)
-        served = [(r.first_token_time, (r.tenant or DEFAULT_TENANT, r.num_prompt_tokens))
-                  for r in rows if r.first_token_time is not None]
-        served += [(t, (r.tenant or DEFAULT_TENANT, 1)) for r in rows for t in r.token_times]
-        served.sort(key=lambda moment: moment[0])
-        self.served = served
-
-    def _moments(self) -> dict[str, _Moments]:
-        rows = [r for r in self.recording.run.requests if r.finished]
-        return {"ttft": _Moments([(r.first_token_time, r.ttft) for r in rows]),
-                "itl": _Moments([(b, b - a) for r in rows for a, b in zip(r.token_times, r.token_times[1:])]),
-                "tpot": _Moments([(r.finish_time, r.tpot) for r in rows if r.tpot is not None])}
-
-    async def frames(self) -> AsyncIterator[dict[str, Any]]:
-        """One page's replay: a frame every `FRAME_INTERVAL_S`, the last one `done`."""
-        recording = self.recording
-        moments = self._moments()
-        service: dict[str, int] = {}
-        sent_steps = sent_service = 0
-        started = time.monotonic()
-        while True:
-            now = min((time.monotonic() - started) * self.speed, recording.end_time)
-            done = now >= recording.end_time
-            num_steps = bisect.bisect_right(self.step_ends, now)
-            steps = recording.summaries[sent_steps:num_steps]
-            for moment in moments.values():
-                moment.advance(now)
-            for _, (tenant, tokens) in self.served[sent_service:(end := bisect.bisect_right(
-                    self.served, now, key=lambda moment: moment[0]))]:
-                service[tenant] = service.get(tenant, 0) + tokens
-            sent_service = end
-            pool = next((s.kv_pool for s in reversed(steps) if s.kv_pool is not None), None)
-            yield {
-                "source": "simulator", "title": recording.title, "done": done, "time": now,
-                "num_steps": num_steps, "step_fields": STEP_FIELDS, "steps": steps_json(steps),
-                "kv_pool": pool_json(pool) if pool is not None else None,
-                "tenants": tenants_json(service, recording.tenant_weights),
-                "metrics": self._metrics(now, num_steps, moments),
-                "histograms": {name: histogram_json(LATENCY_BUCKETS, moments[name].counts) for name in ("ttft", "itl")},
-            }
-            if done:
-                return
-            sent_steps = num_steps
+async def paced_frames(replay: Replay) -> AsyncIterator[dict[str, Any]]:
+    """One page's replay on the wall clock: a frame every `FRAME_INTERVAL_S`, the last one `done`."""
+    for frame in replay.frames(wall_clock(replay.speed)):
+        yield frame
+        if not frame["done"]:
             await asyncio.sleep(FRAME_INTERVAL_S)
-
-    def _metrics(self, now: float, num_steps: int, moments: dict[str, _Moments]) -> dict[str, Any]:
-        generated = bisect.bisect_right(self.token_times, now)
-        window = min(RATE_WINDOW_S, now)
-        recent = generated - bisect.bisect_right(self.token_times, now - window)
-        last = self.recording.summaries[num_steps - 1] if num_steps else None
-        return metrics_json(
-            ttft=moments["ttft"].sum_count(), itl=moments["itl"].sum_count(), tpot=moments["tpot"].sum_count(),
-            generation_tokens=generated, output_rate=recent / window if window > 0 else None,
-            num_preemptions=self.preemptions[num_steps],
-            num_preempted_requests=bisect.bisect_right(self.recording.first_preempted, now),
-            kv_usage=last.kv_usage if last else 0.0)
-
-
-def _cumulative(counts: list[int]) -> list[int]:
-    """[0, c0, c0 + c1, ...]: the total of the first i counts at index i."""
-    totals = [0]
-    for count in counts:
-        totals.append(totals[-1] + count)
-    return totals
 
 
 def replay_app(replay: Replay) -> Any:
@@ -198,7 +40,7 @@ def replay_app(replay: Replay) -> Any:
     from ref_engine.entrypoints.dashboard.routes import install_dashboard
 
     app = FastAPI(title="serving-lab simulate --dashboard")
-    install_dashboard(app, lambda request: replay.frames())
+    install_dashboard(app, lambda request: paced_frames(replay))
 
     @app.get("/", include_in_schema=False)
     async def root() -> RedirectResponse:

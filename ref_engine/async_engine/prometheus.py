@@ -20,14 +20,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from core.metrics import LATENCY_BUCKETS
 from ref_engine.engine_core.messages import EngineCoreOutputs
 from ref_engine.outputs import RequestOutput
 
 FINISH_REASONS = ("stop", "length", "abort", "error")  # CompletionOutput.finish_reason's values
-
-# Histogram buckets in seconds, from 1 ms to a few minutes (CPU steps are slower than vLLM's GPU ones).
-LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                   20.0, 40.0, 80.0, 160.0)
 
 
 class PrometheusStatLogger:

@@ -20,9 +20,9 @@ from browser import launch, require_browser
 from live_server import free_port, wait_healthy
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.dashboard_frames import METRIC_SERIES
 from ref_engine.async_engine.async_llm import AsyncLLM
 from ref_engine.engine_core.core import EngineCoreArgs
-from ref_engine.entrypoints.dashboard.frames import METRIC_SERIES
 from ref_engine.entrypoints.openai.api_server import build_app
 from ref_engine.entrypoints.openai.tenants import ApiKey
 from serving_lab.manifest import MANIFEST_METRICS

@@ -13,9 +13,10 @@ from browser import launch, require_browser
 from live_server import free_port
 
 from serving_lab import cli
-from serving_lab.dashboard_replay import Replay, record_simulation, replay_app
+from serving_lab.dashboard_replay import replay_app
 from serving_lab.manifest import EXAMPLE_MANIFEST, load_manifest, naming_keys
 from serving_lab.workload_spec import parse_workload
+from sim.dashboard_replay import Replay, record_simulation
 from sim.simulator import Simulator
 
 SPEED = 3.0  # the run below lasts about 3.6 simulated seconds: a replay of about 1.2 s

@@ -1,4 +1,4 @@
-"""A running server's dashboard frames (frames.py): the steps from its `StepFeed`, the numbers from /metrics'.
+"""A running server's dashboard frames (core/dashboard_frames.py): the steps from its `StepFeed`, the numbers from /metrics'.
 
 Each connected page gets its own loop: every `FRAME_INTERVAL_S` it looks whether the feed has new steps
 and sends them (the newest few after a burst), at least every `KEEPALIVE_S` in any case. The six metrics
@@ -19,8 +19,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from ref_engine.async_engine.step_feed import StepFeed
-from ref_engine.entrypoints.dashboard.frames import (
+from core.dashboard_frames import (
     FRAME_INTERVAL_S,
     KEEPALIVE_S,
     RATE_WINDOW_S,
@@ -31,6 +30,7 @@ from ref_engine.entrypoints.dashboard.frames import (
     steps_json,
     tenants_json,
 )
+from ref_engine.async_engine.step_feed import StepFeed
 
 
 async def live_frames(feed: StepFeed, registry: CollectorRegistry, title: str,

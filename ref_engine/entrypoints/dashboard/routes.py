@@ -3,7 +3,7 @@
 - GET /dashboard: the page (static/index.html), which needs no build step and no network: its one
   library, uPlot, is vendored under static/vendor/uplot/ with its licence;
 - GET /dashboard/static/...: the page's script, style and library;
-- GET /dashboard/events: Server-Sent Events, one frame (frames.py) per `data:` line.
+- GET /dashboard/events: Server-Sent Events, one frame (core/dashboard_frames.py) per `data:` line.
 
 The server (`serve --dashboard`, api_server.py) and the simulator's replay (`simulate --dashboard`,
 serving_lab/dashboard_replay.py) install the same routes with their own source of frames, so there is one

@@ -1,4 +1,4 @@
-// Serving Lab's live dashboard: draws the frames of /dashboard/events (ref_engine/entrypoints/dashboard/frames.py).
+// Serving Lab's live dashboard: draws the frames of /dashboard/events (core/dashboard_frames.py).
 // Plain JavaScript, no build step; the charts are uPlot's (vendored), the KV pool a canvas of its own.
 // `window.dashboard` holds what the page has seen, for the tests and for a curious reader's console.
 (function () {

@@ -1,7 +1,9 @@
 """The dashboard's frames: the JSON the page reads, one per Server-Sent Event, whichever side feeds it.
 
-A served run (live.py) and a replayed simulation (serving_lab/dashboard_replay.py) both send frames of
-this shape, so the page draws either one the same way:
+A served run (ref_engine/entrypoints/dashboard/live.py) and a replayed simulation (sim/dashboard_replay.py,
+served by `simulate --dashboard` or played in the course site's browser) both make frames of this shape, so
+the page draws either one the same way; hence here, in the core both sides share (and torch-free, so that the
+browser's Python can run it):
 
     {"source": "server" | "simulator", "title": str, "time": the run's clock (s), "done": bool,
      "num_steps": steps so far, "step_fields": STEP_FIELDS,
