@@ -26,6 +26,7 @@ from core.config import EngineConfig
 from core.math_utils import cdiv
 from core.metrics import RunMetrics
 from core.workload import Exponential, Workload, WorkloadRequest
+from sim.dashboard_replay import Recording, Replay, record_simulation
 from sim.simulator import Simulator
 from sim.spec_decode import AcceptanceRate
 
@@ -329,6 +330,31 @@ PLAYGROUNDS: tuple[Playground, ...] = (
                tuning_knobs),
 )
 BY_LESSON = {p.lesson: p for p in PLAYGROUNDS}
+
+
+# ---- the course site's dashboard, fed by the simulator in the browser -------------------------------------------
+
+DASHBOARD_SPEEDS = (0.5, 1.0, 2.0, 4.0, 8.0)
+
+
+def dashboard_recording(hardware: str = "h100-sxm", speed: float = 1.0) -> Recording:
+    """What the site's dashboard replays: two tenants, one sending three times the other's load under the fair
+    policy (equal weights), with four shared system prompts, into a pool of 1,024 blocks small enough to
+    preempt. A choice of `GPUS` and of `DASHBOARD_SPEEDS` only, as a playground's knobs."""
+    if hardware not in GPUS or speed not in DASHBOARD_SPEEDS:
+        raise ValueError(f"hardware must be one of {list(GPUS)} and speed one of {list(DASHBOARD_SPEEDS)}, "
+                         f"got {hardware!r} and {speed!r}")
+    workload = Workload.shared_prefix(4, 40, 256, (16, 512), (16, 384), arrival=25.0, seed=0)
+    config = EngineConfig(max_num_seqs=64, max_num_batched_tokens=2048, num_kv_blocks=1024,
+                          scheduling_policy="fair", tenant_weights=(("a", 1.0), ("b", 1.0)))
+    title = (f"simulated in your browser: {MODEL} on {hardware}, tenants a and b (a sends 3x b's load, equal "
+             f"weights), at {speed:g}x")
+    return record_simulation(simulator(hardware, config), workload.with_tenant_mix({"a": 3, "b": 1}), speed, title)
+
+
+def dashboard_frames(hardware: str = "h100-sxm", speed: float = 1.0) -> list[dict[str, Any]]:
+    """The whole replay of `dashboard_recording`, a frame per tenth of a second of replay."""
+    return Replay(dashboard_recording(hardware, speed), speed).all_frames()
 
 
 def catalog() -> list[dict[str, Any]]:

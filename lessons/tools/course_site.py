@@ -63,6 +63,8 @@ PLAYGROUND_NPM = Path(__file__).resolve().parent / "playground"
 PYODIDE_FILES = ("pyodide.js", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json")
 UPLOT = ROOT / "ref_engine" / "entrypoints" / "dashboard" / "static" / "vendor" / "uplot"
 SIMULATOR_ARCHIVE = "serving_lab_sim.zip"
+DASHBOARD = ROOT / "ref_engine" / "entrypoints" / "dashboard" / "static"  # the server's page, fed here by the simulator
+DASHBOARD_PAGE = "dashboard"  # the navigation's name for it
 
 
 class SiteError(Exception):
@@ -187,8 +189,9 @@ class NavItem:
     children: tuple[NavItem, ...] = ()
 
 
-def navigation(course: Course) -> list[NavItem]:
-    """The sidebar, in course order: each lesson with its notebook, then the bank, mock interview, glossary."""
+def navigation(course: Course, dashboard: bool = False) -> list[NavItem]:
+    """The sidebar, in course order: each lesson with its notebook, then the bank, mock interview, glossary (and
+    with `dashboard`, the simulated dashboard's page)."""
     items = [NavItem("Course map", "lessons/README.md")]
     for lesson in course.lessons:
         label = lesson.number if lesson.number != "C" else "Capstone"
@@ -198,6 +201,8 @@ def navigation(course: Course) -> list[NavItem]:
                              f"lessons/{lesson.stem}.md", children))
     items += [NavItem("Interview bank", "lessons/interview-bank.md"), NavItem("Mock interview", "mock-interview"),
               NavItem("Glossary", "glossary.md")]
+    if dashboard:
+        items.append(NavItem("Dashboard, simulated", DASHBOARD_PAGE))
     items += [NavItem(title, path) for path, title in PROJECT_PAGES]
     return items
 
@@ -212,11 +217,12 @@ class Renderer:
         self.course, self.out, self.playgrounds = course, out, playgrounds
         env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True)
         self.template = env.get_template("page.html.j2")
-        self.nav = navigation(course)
+        self.nav = navigation(course, dashboard=playgrounds)
         self.pygments_css = HtmlFormatter().get_style_defs(".highlight")
 
     def _site_path(self, repo_path: str) -> str:
-        return "mock-interview.html" if repo_path == "mock-interview" else site_url(repo_path, self.course.root)
+        special = {"mock-interview": "mock-interview.html", DASHBOARD_PAGE: "dashboard/index.html"}
+        return special.get(repo_path) or site_url(repo_path, self.course.root)
 
     def write(self, repo_path: str, title: str, body: str) -> Path:
         """One page: `body` is HTML whose links are written relative to `repo_path`'s folder in the repository."""
@@ -295,7 +301,7 @@ def mock_interview_body(course: Course) -> str:
         "{{QUESTIONS}}", json.dumps(questions).replace("</", "<\\/"))
 
 
-def home_body(course: Course) -> str:
+def home_body(course: Course, dashboard: bool = False) -> str:
     rows = []
     for lesson in course.lessons:
         notebook = (f' · <a href="notebooks/{lesson.stem}.html">notebook</a>' if lesson.has_notebook else "")
@@ -303,8 +309,13 @@ def home_body(course: Course) -> str:
         extra = f" · {questions} interview questions" if questions else ""
         rows.append(f'<li><a href="lessons/{lesson.stem}.html">{lesson.title}</a>{notebook}{extra} '
                     f'<span class="muted">({lesson.minutes} min)</span></li>')
+    extra = ('<p>Lessons 1-5 and 7 end with a <strong>playground</strong>: the lesson\'s experiment, run by the '
+             "course's simulator in your browser. The <a href=\"dashboard/index.html\">dashboard</a> replays a "
+             "simulated server's run live: the batch step by step, the KV pool's blocks, queues, tenants and the six "
+             "metrics (the same page <code>serving-lab serve --dashboard</code> shows of a running server).</p>\n"
+             if dashboard else "")
     return (TEMPLATES / "home.html").read_text(encoding="utf-8").replace("{{LESSONS}}", "".join(rows)).replace(
-        "{{QUESTIONS}}", str(len(course.questions)))
+        "{{QUESTIONS}}", str(len(course.questions))).replace("{{DASHBOARD}}", extra)
 
 
 # ---- the playgrounds ---------------------------------------------------------------------------------------
@@ -368,8 +379,43 @@ def write_playground_files(out: Path, root: Path = ROOT, npm: Path = PLAYGROUND_
         f"Pyodide {version} (https://pyodide.org), Mozilla Public License 2.0: the runtime files of the npm "
         f"registry's `pyodide@{version}`, unchanged.\n", encoding="utf-8")
     shutil.copytree(UPLOT, folder / "vendor" / "uplot")
-    shutil.copyfile(TEMPLATES / "playground.js", folder / "playground.js")
+    for name in ("python.js", "playground.js"):
+        shutil.copyfile(TEMPLATES / name, folder / name)
     (folder / SIMULATOR_ARCHIVE).write_bytes(simulator_archive(root))
+    dashboard = out / "dashboard"
+    dashboard.mkdir()
+    for name in ("dashboard.js", "dashboard.css"):
+        shutil.copyfile(DASHBOARD / name, dashboard / name)
+    shutil.copyfile(TEMPLATES / "dashboard-feed.js", dashboard / "dashboard-feed.js")
+    (dashboard / "index.html").write_text(dashboard_page(), encoding="utf-8")
+
+
+def dashboard_page() -> str:
+    """The server's dashboard page, fed by the simulator in the browser (dashboard-feed.js) instead of a
+    server's event stream, with a form to choose the GPU and the replay's speed."""
+    from html import escape
+
+    from course.playground import DASHBOARD_SPEEDS, GPUS
+
+    def options(values) -> str:
+        return "".join(f'<option value="{escape(f"{v:g}" if isinstance(v, float) else v)}">'
+                       f'{escape(f"{v:g}" if isinstance(v, float) else v)}</option>' for v in values)
+
+    form = ('<form id="replay-form" method="get"><a href="../index.html">the course</a> · GPU <select name="hardware">'
+            f'{options(GPUS)}</select> speed <select name="speed">{options(DASHBOARD_SPEEDS)}</select>x '
+            '<button>Replay</button></form>\n')
+    html = (DASHBOARD / "index.html").read_text(encoding="utf-8")
+    for old, new in (('"dashboard/static/vendor/uplot/', '"../playground/vendor/uplot/'),
+                     ('"dashboard/static/dashboard', '"dashboard'),
+                     ("</header>", form + "</header>"),
+                     ('<script src="../playground/vendor/uplot/uPlot.iife.min.js"></script>',
+                      '<script src="../playground/pyodide/pyodide.js"></script>\n<script src="../playground/python.js">'
+                      '</script>\n<script src="dashboard-feed.js"></script>\n'
+                      '<script src="../playground/vendor/uplot/uPlot.iife.min.js"></script>')):
+        if old not in html:
+            raise SiteError(f"{DASHBOARD / 'index.html'} has no {old!r}: update course_site.dashboard_page to it")
+        html = html.replace(old, new)
+    return html
 
 
 def playground_html(stem: str, here: str) -> str:
@@ -393,6 +439,7 @@ def playground_html(stem: str, here: str) -> str:
             f'<link rel="stylesheet" href="{root}vendor/uplot/uPlot.min.css">\n'
             f'<script src="{root}vendor/uplot/uPlot.iife.min.js"></script>\n'
             f'<script src="{root}pyodide/pyodide.js"></script>\n'
+            f'<script src="{root}python.js"></script>\n'
             f'<script src="{root}playground.js"></script>\n</section>\n')
 
 
@@ -479,7 +526,7 @@ def build(out: Path, *, execute: bool = True, update_figures: bool = False, play
         for name, png in figures.items():  # this run's figures, whether or not the repository's were updated
             (tmp / name).write_bytes(png)
         renderer.write("mock-interview", "Mock interview", mock_interview_body(course))
-        renderer.write("index.md", "Serving Lab: the course", home_body(course))
+        renderer.write("index.md", "Serving Lab: the course", home_body(course, dashboard=playground))
     return site
 
 

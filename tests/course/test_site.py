@@ -20,7 +20,7 @@ from course_reader import Course
 sys.path.insert(0, str(ROOT / "tests"))
 from browser import broken_links, launch, offline, open_pages, require_browser, run_playground, served  # noqa: E402
 
-from course.playground import PLAYGROUNDS, run  # noqa: E402
+from course.playground import PLAYGROUNDS, dashboard_frames, run  # noqa: E402
 
 
 def pyodide_installed() -> bool:
@@ -162,12 +162,13 @@ def test_the_simulator_archive_holds_the_simulator_and_simpy_and_is_reproducible
     assert not any(n.startswith(("ref_engine/", "serving_lab/")) or "__pycache__" in n for n in names)
 
 
-def test_each_playground_runs_offline_in_the_browser_as_in_python(built) -> None:
+def test_the_playgrounds_and_the_dashboard_run_offline_in_the_browser_as_in_python(built) -> None:
     """Served over HTTP with every request off the site refused: each lesson's playground starts Pyodide,
-    runs, draws, and its scheduling decisions (the digest) and answer are Python's to the last digit."""
+    runs, draws, and its scheduling decisions (the digest) and answer are Python's to the last digit; the
+    simulated dashboard replays to the end on the numbers of Python's replay."""
     chromium = require_browser()
-    out, _, playground = built
-    if not playground:
+    out, _, has_playgrounds = built
+    if not has_playgrounds:
         pytest.skip("the pinned Pyodide is not installed: npm ci --prefix lessons/tools/playground")
     from playwright.sync_api import sync_playwright
 
@@ -193,6 +194,21 @@ def test_each_playground_runs_offline_in_the_browser_as_in_python(built) -> None
             page.wait_for_selector("section.playground[data-state=done]", timeout=60_000)
             shown = page.eval_on_selector("section.playground", "s => ({...s.dataset})")
             assert shown["digest"] == run(PLAYGROUNDS[-1].lesson, request_rate=4.0)["digest"] != expected["digest"]
+
+            page.goto(f"{origin}/dashboard/index.html?speed=8", wait_until="load")
+            page.wait_for_function("window.dashboard.done", timeout=180_000)
+            seen = page.evaluate("""() => {
+              const m = name => document.querySelector(`[data-metric="${name}"]`).dataset;
+              return {steps: window.dashboard.numSteps, status: document.getElementById("status").textContent,
+                      tokens: +m("output_tokens_per_second").total, ttft: +m("time_to_first_token").count,
+                      preemptions: +m("preempted_sequences").value, blocks: window.dashboard.maxInUseBlocks};
+            }""")
         finally:
             browser.close()
+    last = dashboard_frames(speed=8.0)[-1]
+    metrics = last["metrics"]
+    assert seen["status"] == "replay finished" and seen["blocks"] > 0
+    assert (seen["steps"], seen["tokens"], seen["ttft"], seen["preemptions"]) == (
+        last["num_steps"], metrics["output_tokens_per_second"]["total"], metrics["time_to_first_token"]["count"],
+        metrics["preempted_sequences"]["value"])
     assert errors == [] and refused == []

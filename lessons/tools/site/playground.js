@@ -8,20 +8,10 @@
 (() => {
   "use strict";
   const COLORS = ["#2563eb", "#ea580c", "#16a34a", "#7c3aed", "#db2777", "#6b7280"];
-  let python = null;  // one Pyodide per page, shared by its playgrounds: a promise of the ready interpreter
+  let python = null;  // the page's Python (python.js), once the reader has touched a playground
 
   function startPython(root) {
-    if (python === null) {
-      python = (async () => {
-        const started = performance.now();
-        const pyodide = await loadPyodide({indexURL: root + "pyodide/"});
-        const archive = await fetch(root + "serving_lab_sim.zip");
-        if (!archive.ok) throw new Error(`the simulator's archive did not load (HTTP ${archive.status})`);
-        pyodide.unpackArchive(await archive.arrayBuffer(), "zip", {extractDir: "/home/pyodide/serving_lab"});
-        pyodide.runPython("import sys; sys.path.insert(0, '/home/pyodide/serving_lab'); import course.playground");
-        return {pyodide, loadMs: performance.now() - started};
-      })();
-    }
+    if (python === null) python = servingLabPython(root);
     return python;
   }
 
@@ -106,10 +96,7 @@
         await new Promise(resolve => setTimeout(resolve, 20));  // let the status paint first
         const chosen = Object.fromEntries(Object.entries(knobs).map(([name, value]) => [name, value()]));
         const started = performance.now();
-        pyodide.globals.set("playground_args", JSON.stringify({lesson: spec.lesson, knobs: chosen}));
-        const result = JSON.parse(pyodide.runPython(
-          "import json\nargs = json.loads(playground_args)\n" +
-          "json.dumps(course.playground.run(args['lesson'], **args['knobs']))"));
+        const result = servingLabCall(pyodide, "run", {lesson: spec.lesson, ...chosen});
         const runMs = performance.now() - started;
         const out = section.querySelector(".pg-result");
         out.replaceChildren();
