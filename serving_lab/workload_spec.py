@@ -1,5 +1,5 @@
 """Workloads named on the command line: `synthetic:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE][,tenants=MIX]`,
-`chat:...` and `trace:...` (below).
+`chat:...`, `copy:...` and `trace:...` (below).
 
 One short string, so `serving-lab simulate`, `sweep` and `report` need no file for the common case:
 NUM_REQUESTS requests of PROMPT_LEN prompt tokens that each generate OUTPUT_LEN tokens, all arriving at time
@@ -19,6 +19,11 @@ ids, so prompt-lookup speculation finds only what the model itself repeats (less
 Requests go turn by turn, all at time 0 or RATE requests/s:
 `chat:8:3:64:32:16` is 24 requests whose prompts grow from 96 to 192 tokens; tenants work as above.
 
+`copy:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE]` sends prompts whose continuation repeats them
+(`Workload.copying`): each a 64-token random passage written out again up to PROMPT_LEN tokens (at least 128),
+which the model goes on copying. Work that quotes its input, at its extreme: the one shape here where
+prompt-lookup speculation drafts and the engine accepts (`copy:12:256:48` in lesson 7's sweep).
+
 `trace:NAME:NUM_REQUESTS[:RATE]` draws each request's prompt and output lengths, as a pair, from a published
 production trace (`Workload.from_trace`; NAME `azure-conv-2023`, a chat service, or `azure-code-2023`, code
 completion, from Azure's 2023 LLM inference traces): `trace:azure-conv-2023:500:10` is 500 requests at 10
@@ -30,12 +35,13 @@ from __future__ import annotations
 
 import math
 
-from core.workload import TRACES, Workload
+from core.workload import COPY_PASSAGE_LEN, TRACES, Workload
 
 SYNTHETIC_SPEC = "synthetic:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE]"
 CHAT_SPEC = "chat:NUM_CONVERSATIONS:TURNS:SYSTEM_LEN:USER_LEN:OUTPUT_LEN[:RATE]"
 TRACE_SPEC = "trace:NAME:NUM_REQUESTS[:RATE]"
-WORKLOAD_SPEC = f"{SYNTHETIC_SPEC}, {CHAT_SPEC} or {TRACE_SPEC}, each with [,tenants=NAME:SHARE,...]"
+COPY_SPEC = "copy:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE]"
+WORKLOAD_SPEC = f"{SYNTHETIC_SPEC}, {CHAT_SPEC}, {TRACE_SPEC} or {COPY_SPEC}, each with [,tenants=NAME:SHARE,...]"
 
 
 def parse_workload(spec: str, seed: int = 0) -> Workload:
@@ -52,16 +58,24 @@ def parse_workload(spec: str, seed: int = 0) -> Workload:
         sizes = [_count(spec, name, text, minimum=0 if name == "SYSTEM_LEN" else 1)
                  for name, text in zip(names, fields)]
         workload = Workload.chat(*sizes, arrival=_arrival(spec, fields[5:]), seed=seed, name=spec)
+    elif kind == "copy" and len(fields) in (3, 4):
+        num, prompt_len, output_len = (_count(spec, name, text) for name, text in
+                                       zip(("NUM_REQUESTS", "PROMPT_LEN", "OUTPUT_LEN"), fields))
+        if prompt_len < 2 * COPY_PASSAGE_LEN:
+            raise ValueError(f"workload {spec!r}: PROMPT_LEN must be at least {2 * COPY_PASSAGE_LEN} (two "
+                             f"{COPY_PASSAGE_LEN}-token passages, so the model sees one repeated), got {prompt_len}")
+        workload = Workload.copying(num, prompt_len, output_len, arrival=_arrival(spec, fields[3:]), seed=seed,
+                                    name=spec)
     elif kind == "trace" and len(fields) in (2, 3):
         if fields[0] not in TRACES:
             raise ValueError(f"workload {spec!r}: unknown trace {fields[0]!r}; known: {', '.join(TRACES)}")
         workload = Workload.from_trace(fields[0], _count(spec, "NUM_REQUESTS", fields[1]),
                                        arrival=_arrival(spec, fields[2:]), seed=seed, name=spec)
     else:
-        form = {"synthetic": SYNTHETIC_SPEC, "chat": CHAT_SPEC, "trace": TRACE_SPEC}.get(kind)
+        form = {"synthetic": SYNTHETIC_SPEC, "chat": CHAT_SPEC, "trace": TRACE_SPEC, "copy": COPY_SPEC}.get(kind)
         got = f" (got {len(fields)} fields after {kind}:)" if form else f" (unknown kind {kind!r})"
         raise ValueError(f"workload {spec!r}: expected {form or WORKLOAD_SPEC}{got}, e.g. synthetic:64:128:64:8, "
-                         "chat:8:3:64:32:16 or trace:azure-conv-2023:500:10")
+                         "chat:8:3:64:32:16, trace:azure-conv-2023:500:10 or copy:12:256:48")
     return workload.with_tenant_mix(_tenant_mix(spec, option)) if option else workload
 
 

@@ -322,6 +322,8 @@ def test_simulate_speculation_needs_an_acceptance_rate(tmp_path, capsys):
     ("trace:azure-conv-2023", "expected trace:NAME:NUM_REQUESTS[:RATE] (got 1 fields"),
     ("trace:sharegpt:8", "unknown trace 'sharegpt'; known: azure-conv-2023, azure-code-2023"),
     ("trace:azure-code-2023:0", "NUM_REQUESTS must be a positive integer"),
+    ("copy:8:100:16", "PROMPT_LEN must be at least 128 (two 64-token passages"),
+    ("copy:8:256", "expected copy:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE] (got 2 fields"),
 ])
 def test_a_bad_workload_spec_shows_the_expected_form(spec, error):
     with pytest.raises(ValueError, match=re.escape(error)):
@@ -364,6 +366,17 @@ def test_a_chat_spec_replays_a_shared_system_prompt_and_growing_histories():
     timed = parse_workload("chat:3:2:0:8:4:5")
     assert [r.prompt_len for r in timed.requests] == [8] * 3 + [20] * 3
     assert sorted(r.arrival_time for r in timed.requests) == [r.arrival_time for r in timed.requests] > [0.0] * 6
+
+
+def test_a_copy_spec_repeats_one_passage_per_prompt():
+    """Each prompt is its own 64-token passage written out again (and cut at PROMPT_LEN), so a model that copies
+    gives prompt lookup drafts to accept; passages differ between prompts."""
+    workload = parse_workload("copy:3:200:16:4")
+    assert [(r.prompt_len, r.output_len) for r in workload.requests] == [(200, 16)] * 3
+    assert 0 < workload.requests[0].arrival_time < workload.requests[-1].arrival_time
+    prompts = [r.prompt_token_ids for r in workload.make_requests(vocab_size=1000)]
+    assert all(len(p) == 200 and p[64:128] == p[:64] and p[192:] == p[:8] and len(set(p[:64])) > 40 for p in prompts)
+    assert len({tuple(p[:64]) for p in prompts}) == 3 and workload == parse_workload("copy:3:200:16:4")
 
 
 def test_the_readme_maps_the_six_metrics_onto_vllm_series():
