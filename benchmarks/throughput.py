@@ -2,6 +2,8 @@
 `generate()` in static batches of the same size, on the same weights and the same prompts.
 
     python benchmarks/throughput.py [--dtype float32|bfloat16] [--batch-size 16] [--num-requests 64]
+    python benchmarks/throughput.py --paths float32 bfloat16 int8 int4   # each numeric path, continuous only,
+                                                                         # against transformers' best (fp32, bf16)
 
 Prints one table; copy it with the machine and the command into benchmarks/RESULTS.md.
 Each system produces exactly the workload's output lengths (ignore_eos); transformers runs each static
@@ -42,32 +44,47 @@ def transformers_static(workload: Workload, vocab_size: int, batch_size: int, dt
     return {"duration": duration, "output_throughput": workload.total_output_tokens / duration}
 
 
+PATHS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "int8": ("float32", "int8"),
+         "int4": ("float32", "int4")}  # path -> (dtype, quantization), as the manifest's engine keys set them
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--paths", nargs="+", choices=list(PATHS),
+                        help="compare numeric paths instead (engine continuous each; transformers float32 and bfloat16)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
     workload = Workload.synthetic(args.num_requests, prompt_len=(32, 512), output_len=(16, 256), seed=args.seed)
-    loaded = load_model(None, dtype=args.dtype)
     config = EngineConfig(max_num_seqs=args.batch_size, max_num_batched_tokens=512, num_kv_blocks=2048)
     rows = {}
-    for name, cfg in [("continuous", config), ("static", config.replace(scheduling="static"))]:
-        m = bench.run(workload, cfg, model=loaded)
-        rows[f"engine {name}"] = {"duration": m.duration, "output_throughput": m.output_throughput}
-    del loaded
-    rows["transformers generate (static)"] = transformers_static(
-        workload, 49152, args.batch_size, getattr(torch, args.dtype))
+    if args.paths:
+        for path in args.paths:
+            dtype, quantization = PATHS[path]
+            m = bench.run(workload, config, model=load_model(None, dtype=dtype, quantization=quantization))
+            rows[f"engine continuous, {path}"] = {"duration": m.duration, "output_throughput": m.output_throughput}
+        for dtype in ("float32", "bfloat16"):
+            rows[f"transformers generate (static), {dtype}"] = transformers_static(
+                workload, 49152, args.batch_size, getattr(torch, dtype))
+    else:
+        loaded = load_model(None, dtype=args.dtype)
+        for name, cfg in [("continuous", config), ("static", config.replace(scheduling="static"))]:
+            m = bench.run(workload, cfg, model=loaded)
+            rows[f"engine {name}"] = {"duration": m.duration, "output_throughput": m.output_throughput}
+        del loaded
+        rows["transformers generate (static)"] = transformers_static(
+            workload, 49152, args.batch_size, getattr(torch, args.dtype))
 
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}, dtype {args.dtype}")
+          f"torch {torch.__version__}, " + (f"paths {' '.join(args.paths)}" if args.paths else f"dtype {args.dtype}"))
     print(f"workload: {args.num_requests} requests, prompts 32-512, outputs 16-256 (seed {args.seed}), "
           f"{workload.total_output_tokens} output tokens, batch size {args.batch_size}")
-    print("| system | duration (s) | output tok/s | vs transformers |")
+    print("| system | duration (s) | output tok/s | vs transformers' best |")
     print("| --- | --- | --- | --- |")
-    ref = rows["transformers generate (static)"]["output_throughput"]
+    ref = max(r["output_throughput"] for name, r in rows.items() if name.startswith("transformers"))
     for name, r in rows.items():
         print(f"| {name} | {r['duration']:.1f} | {r['output_throughput']:.1f} | {r['output_throughput'] / ref:.2f}x |")
 

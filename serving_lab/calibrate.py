@@ -64,7 +64,7 @@ from core.workload import Workload
 from serving_lab.collectives import fit_allreduce, measure_allreduce
 from serving_lab.time_slice import measure_time_slice
 from sim.cost_model import ROOFLINE_FEATURE_NAMES, ROOFLINE_UNKNOWNS, BatchShape, CostModel
-from sim.hardware import HardwareProfile
+from sim.hardware import HardwareProfile, dtype_bytes
 
 # What the fit solves for; a saved profile fitted to another form is stale (load_or_calibrate refits).
 FIT_FORM = "sum; overheads per step, seq, block; flops; attention; weight packing passes"
@@ -296,12 +296,18 @@ def fit_profile(arch: ArchConfig, steps: list[tuple[str, BatchShape, float]], *,
                 ) -> tuple[HardwareProfile, list[CalibrationPoint]]:
     """Fit the overheads and the effective FLOP/s of the sum form to measured steps (kind, shape with its
     blocks counted, seconds), with the memory bandwidth given (measured separately); returns the profile and
-    per-point errors."""
+    per-point errors.
+
+    A quantized engine (`dtype` "int8" or "int4") runs its activations, KV cache and attention in the engine's
+    dtype (provenance "dtype", e.g. float32): the profile then keys the one fitted rate under both, so the cost
+    model counts those bytes at their real width and prices attention against the same rate as in the fit."""
     if len(steps) < len(FITTED):
         raise ValueError(f"need at least {len(FITTED)} measured steps to fit, got {len(steps)}")
+    around = (provenance or {}).get("dtype")
+    keys = [dtype] + ([around] if around and around != dtype and dtype_bytes(dtype) < 2 else [])
     # Any positive rates will do for building features: roofline_features does not depend on them.
-    probe = HardwareProfile(name="probe", peak_flops={dtype: 1.0}, memory_bandwidth=1.0, memory_bytes=0,
-                            combine="sum")
+    probe = HardwareProfile(name="probe", peak_flops=dict.fromkeys(keys, 1.0), memory_bandwidth=1.0, memory_bytes=0,
+                            combine="sum", provenance={"dtype": around} if around else {})
     features_of = CostModel(arch, probe, dtype=dtype).roofline_features
     shapes = [shape for _, shape, _ in steps]
     features = np.array([features_of(shape) for shape in shapes])
@@ -319,7 +325,7 @@ def fit_profile(arch: ArchConfig, steps: list[tuple[str, BatchShape, float]], *,
     tiny = 1e-30  # 1/F fitted to 0 would mean compute is never the bottleneck: an effectively infinite rate
     s_per_flop = max(fitted["seconds_per_flop"], tiny)
     profile = HardwareProfile(
-        name=name, peak_flops={dtype: 1.0 / s_per_flop},
+        name=name, peak_flops=dict.fromkeys(keys, 1.0 / s_per_flop),
         attention_efficiency=s_per_flop / max(fitted["seconds_per_attention_flop"], tiny),
         memory_bandwidth=memory_bandwidth, memory_bytes=0.0, step_overhead_s=fitted["step_overhead_s"],
         per_seq_overhead_s=fitted["per_seq_overhead_s"], per_block_overhead_s=fitted["per_block_overhead_s"],

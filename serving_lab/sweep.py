@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from core.config import KV_CACHE_DTYPES, EngineConfig
+from core.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS, EngineConfig
 from core.metrics import RunMetrics
 from serving_lab.manifest import Manifest, ManifestError, naming_keys, step_token_budget
 from serving_lab.workload_spec import parse_workload
@@ -231,6 +231,7 @@ class Sweep:
 
     def __post_init__(self) -> None:
         self.hardware = resolve_hardware(self.hardware)
+        self._path_profiles: dict[str, HardwareProfile | None] = {}
         self.base = self.manifest.simulator_kwargs()
         self._workload = parse_workload(self.workload, self.seed)
         for point in self.grid.points():  # every point's config is valid before anything runs
@@ -240,20 +241,39 @@ class Sweep:
     def unpriced(self, point: Point) -> str | None:
         """Why the simulator leaves a point unpriced (None: it prices it): a calibrated CPU profile has the
         rate of the one numeric path it was measured on, so a grid sweeping numerics (dtype, quantization)
-        gets blank simulated rows for the others, which the engine can still measure (speed, and quality on
-        the eval set). A manifest whose own numerics the profile cannot price is refused instead."""
+        gets blank simulated rows for the paths no profile prices (`profile_for`), which the engine can still
+        measure (speed, and quality on the eval set). A manifest whose own numerics the profile cannot price is
+        refused instead."""
+        if self.profile_for(point) is not None:
+            return None
+        dtype = self.numerics(point).priced_dtype
+        flag = "--quantization" if dtype in QUANTIZATION_METHODS else "--dtype"
+        return (f"profile {self.hardware.name!r} has no rate for {dtype} (it knows "
+                f"{', '.join(self.hardware.peak_flops)}), and this machine has no {dtype} calibration "
+                f"(`serving-lab calibrate {flag} {dtype}` measures one)")
+
+    def profile_for(self, point: Point) -> HardwareProfile | None:
+        """The profile that prices `point`: the sweep's own, or, for a numeric path that one has no rate for,
+        this machine's calibration of that path when the sweep's profile is this machine's calibration too
+        (`serving-lab calibrate --quantization int4` saves "calibrated-cpu-int4": each path priced by its own
+        measured rates); None when neither prices it."""
         dtype = self.numerics(point).priced_dtype
         if dtype in (None, self.numerics(Point(())).priced_dtype) or dtype in self.hardware.peak_flops \
                 or dtype not in DTYPE_BYTES:  # an unknown dtype: `simulator` refuses it
-            return None
-        return f"profile {self.hardware.name!r} has no rate for {dtype} (it knows {', '.join(self.hardware.peak_flops)})"
+            return self.hardware
+        if dtype not in self._path_profiles:
+            self._path_profiles[dtype] = path_calibration(self.hardware, dtype)
+        return self._path_profiles[dtype]
 
     def spec(self) -> dict[str, Any]:
         """What identifies this sweep's results (a resumed sweep must match it)."""
         hardware = self.hardware
+        paths = {profile.name: profile.provenance.get("fitted_at") for point in self.grid.points()
+                 if (profile := self.profile_for(point)) is not None and profile is not hardware}
         return {"manifest": self.manifest.model_dump(mode="json"), "grid": self.grid.knobs,
                 "workload": self.workload, "seed": self.seed, "slos": [vars(slo) for slo in self.slos],
-                "hardware": {"name": hardware.name, "fitted_at": hardware.provenance.get("fitted_at")}}
+                "hardware": {"name": hardware.name, "fitted_at": hardware.provenance.get("fitted_at"),
+                             **({"paths": paths} if paths else {})}}
 
     def simulator(self, point: Point) -> Simulator:
         from sim.spec_decode import AcceptanceRate
@@ -275,7 +295,7 @@ class Sweep:
                  if v is not None}
         with naming_keys():
             try:
-                return Simulator(self.base["model"], self.hardware, config,
+                return Simulator(self.base["model"], self.profile_for(point), config,
                                  tensor_parallel_size=point.get("tensor_parallel_size",
                                                                 self.base["tensor_parallel_size"]),
                                  pipeline_parallel_size=point.get("pipeline_parallel_size", 1),
@@ -348,13 +368,29 @@ class Sweep:
                 judged = compare_quality(reference, [loaded], prompts(eval_prompts), eval_tokens,
                                          kv_cache_dtype=numerics.kv_cache_dtype)[0]
                 quality = {"agreement": judged.agreement, "mean_kl": judged.mean_kl}
-            sides = Sides(model=loaded, hardware=self.hardware, repeats=repeats, arch=self.base["model"],
+            sides = Sides(model=loaded, hardware=self.profile_for(chosen[0]) or self.hardware, repeats=repeats,
+                          arch=self.base["model"],
                           dtype=numerics.priced_dtype or "float32", kv_cache_dtype=numerics.kv_cache_dtype)
             jobs = [Job(self._workload, p.config(self.base["config"]), {}) for p in chosen]
             for point, fastest in zip(chosen, fastest_runs(list(measured_runs(jobs, sides).values()))):
                 slowdown = None if self.unpriced(point) else machine_slowdown(fastest, sides)
                 rows.append(self.row(point, "measured", fastest, slowdown=slowdown, **quality))
         return rows
+
+
+def path_calibration(hardware: HardwareProfile, dtype: str) -> HardwareProfile | None:
+    """This machine's saved calibration of the numeric path `dtype` ("calibrated-cpu-int4"), if `hardware` is
+    one of this machine's calibrations (a "calibrated-<device>-..." profile) and that path's file exists."""
+    from serving_lab.calibrate import calibrated_profile_name
+
+    parts = hardware.name.split("-")
+    if len(parts) < 3 or parts[0] != "calibrated":
+        return None
+    try:
+        profile = HardwareProfile.named(calibrated_profile_name(parts[1], dtype))
+    except ValueError:
+        return None
+    return profile if dtype in profile.peak_flops else None
 
 
 def pareto_front(rows: Sequence[Mapping[str, Any]], maximize: Iterable[str] = MAXIMIZE,

@@ -251,10 +251,13 @@ ROOFLINE_UNKNOWNS = ("step_overhead_s", "per_seq_overhead_s", "per_token_overhea
 
 def activation_dtype(dtype: str, hardware: HardwareProfile) -> str:
     """The dtype of activations, embeddings, lm_head and attention when the linear layers run in `dtype`:
-    `dtype` itself, except a 16-bit one (the profile's bfloat16, else float16) under 8-bit weights."""
+    `dtype` itself, except under weights of fewer than 2 bytes: the profile's bfloat16, else float16, else
+    the dtype a calibrated profile's engine ran in around its quantized projections (provenance "dtype",
+    e.g. float32 for `serving-lab calibrate --quantization int4`), when the profile has a rate for it."""
     if dtype_bytes(dtype) >= 2:
         return dtype
-    return next((d for d in ("bfloat16", "float16") if d in hardware.peak_flops), dtype)
+    candidates = ("bfloat16", "float16", hardware.provenance.get("dtype"))
+    return next((d for d in candidates if d in hardware.peak_flops), dtype)
 
 
 def compute_dtype(dtype: str, hardware: HardwareProfile) -> str:
@@ -267,9 +270,10 @@ def compute_dtype(dtype: str, hardware: HardwareProfile) -> str:
 
 
 def default_kv_cache_dtype(dtype: str, hardware: HardwareProfile) -> str:
-    """The KV cache's dtype when none is given: the model's `dtype`, or for a weight-only format the
-    activations'."""
-    return activation_dtype(dtype, hardware) if dtype in WEIGHT_ONLY_DTYPES else dtype
+    """The KV cache's dtype when none is given: the model's `dtype`, or for a weight-only format, and for
+    the quantization a calibrated engine ran (provenance "quantization"), the activations'."""
+    weight_only = dtype in WEIGHT_ONLY_DTYPES or hardware.provenance.get("quantization") == dtype
+    return activation_dtype(dtype, hardware) if weight_only else dtype
 
 
 def model_weight_bytes(arch: ArchConfig, dtype: str, hardware: HardwareProfile) -> int:

@@ -288,7 +288,8 @@ def test_a_profile_measured_on_another_kernel_is_refit(monkeypatch, tmp_path, sa
 
 def test_the_int8_engine_gets_a_profile_of_its_own_that_prices_int8(monkeypatch, tmp_path, saved, tiny):
     """`quantization="int8"` measures the int8 engine (the float32 model quantized) and saves its profile
-    beside the float32 one, with rates keyed "int8", so the simulator prices 1-byte weights with them."""
+    beside the float32 one, with rates keyed "int8" (and float32, the engine's dtype around the int8
+    projections), so the simulator prices 1-byte weights with them and the KV cache at float32's width."""
     from core import EngineConfig, Workload
     from sim import Simulator
 
@@ -300,12 +301,13 @@ def test_the_int8_engine_gets_a_profile_of_its_own_that_prices_int8(monkeypatch,
                         or grid(loaded, *a, **k))
     int8 = calibration.load_or_calibrate(tiny, quantization="int8")
     assert measured == ["int8"] and tiny.quantization is None  # a quantized copy ran the grid
-    assert int8.name == "calibrated-cpu-int8" and set(int8.peak_flops) == {"int8"}
+    assert int8.name == "calibrated-cpu-int8" and set(int8.peak_flops) == {"int8", "float32"}
     assert int8.provenance["quantization"] == "int8" and int8.provenance["model"].endswith("+int8")
     assert HardwareProfile.named(saved.name) == saved  # the float32 profile is untouched
     assert calibration.load_or_calibrate(tiny, quantization="int8") == int8 and measured == ["int8"]  # reused
-    run = Simulator(tiny.arch, int8, EngineConfig(), dtype="int8").run(Workload.synthetic(4, 16, 4, seed=0))
-    assert run.completed == 4 and run.duration > 0
+    simulator = Simulator(tiny.arch, int8, EngineConfig(), dtype="int8")
+    run = simulator.run(Workload.synthetic(4, 16, 4, seed=0))
+    assert run.completed == 4 and run.duration > 0 and simulator.kv_cache_dtype == "float32"
 
 
 def test_the_grid_runs_in_interleaved_passes_with_its_rows_block_sizes(monkeypatch):
@@ -331,29 +333,36 @@ def test_a_quantized_model_cannot_be_calibrated_as_another_numeric_path(tiny):
         calibration.engine_model(quantized(tiny, "int8"), "float32", None)
 
 
-def test_the_fit_recovers_every_term_of_a_known_machine():
+@pytest.mark.parametrize("dtype", ["float32", "int4"])
+def test_the_fit_recovers_every_term_of_a_known_machine(dtype):
     """Steps priced by a known "sum" profile (SmolLM2's shapes, the calibration grid's kinds: decode at
     batch 1-64, some at other block sizes, prompt chunks with and without logits, mixed steps, verifies) are
     fitted back to it, every fitted term within 1e-6. A fit whose unknowns share a column (as per-token overhead and 1/FLOP/s once
-    did) could not recover them: its rate would come out anywhere, often 1e30 FLOP/s."""
+    did) could not recover them: its rate would come out anywhere, often 1e30 FLOP/s. An int4 engine (float32
+    around its projections) is fitted the same way, its rate keyed under both dtypes, so its KV cache and
+    activations are priced at float32's width."""
     from core.arch_config import ArchConfig
     from sim.cost_model import BatchShape, CostModel
 
     arch = ArchConfig.named("smollm2-135m")
-    known = HardwareProfile(name="known", peak_flops={"float32": 1.5e11}, memory_bandwidth=4e10, memory_bytes=0.0,
-                            step_overhead_s=0.02, per_seq_overhead_s=8e-4, per_block_overhead_s=1e-4,
-                            attention_efficiency=0.6, weight_packing_passes=1.5, combine="sum")
+    known = HardwareProfile(name="known", peak_flops=dict.fromkeys({dtype, "float32"}, 1.5e11), memory_bandwidth=4e10,
+                            memory_bytes=0.0, step_overhead_s=0.02, per_seq_overhead_s=8e-4, per_block_overhead_s=1e-4,
+                            attention_efficiency=0.6, weight_packing_passes=1.5, combine="sum",
+                            provenance={"dtype": "float32"})
+    assert CostModel(arch, known, dtype=dtype).kv_cache_dtype == "float32"
     shapes = [BatchShape.decode(b, c) for b in (1, 2, 4, 16, 64) for c in (64, 512)]
     shapes += [BatchShape((n,), (c,), num_logit_rows=rows) for n, c, rows in
                ((16, 0, 1), (256, 0, 1), (256, 256, 0), (256, 768, 1), (1024, 0, 1))]
     shapes += [BatchShape((128,) + (1,) * 6, (300,) * 7), BatchShape.verify(1, 150, 5), BatchShape.verify(4, 150, 3)]
     shapes += [BatchShape((1,) * 8, (256,) * 8, num_blocks_touched=8 * 257), BatchShape((1,) * 8, (256,) * 8, 8 * 3)]
-    price = CostModel(arch, known, dtype="float32").step_time
+    price = CostModel(arch, known, dtype=dtype).step_time
     steps = [("decode" if max(s.query_lens) == 1 else "other", s, price(s)) for s in shapes]
-    fitted, points = calibration.fit_profile(arch, steps, dtype="float32", memory_bandwidth=known.memory_bandwidth)
+    fitted, points = calibration.fit_profile(arch, steps, dtype=dtype, memory_bandwidth=known.memory_bandwidth,
+                                             provenance={"dtype": "float32"})
     for term in ("step_overhead_s", "per_seq_overhead_s", "per_block_overhead_s", "attention_efficiency",
                  "weight_packing_passes"):
         assert getattr(fitted, term) == pytest.approx(getattr(known, term), rel=1e-6), term
-    assert fitted.peak_flops["float32"] == pytest.approx(1.5e11, rel=1e-6)
+    assert set(fitted.peak_flops) == {dtype, "float32"}
+    assert fitted.peak_flops[dtype] == fitted.peak_flops["float32"] == pytest.approx(1.5e11, rel=1e-6)
     assert fitted.per_token_overhead_s == 0.0
     assert max(abs(p.error_pct) for p in points) < 1e-6

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
 from serving_lab import cli
 from serving_lab.manifest import EXAMPLE_MANIFEST, ManifestError, load_manifest
 from serving_lab.sweep import Sweep, pareto_front, parse_grid, rank_agreement, run_sweep
+from sim.hardware import HardwareProfile
 
 WORKLOAD = "synthetic:24:96:24:20"
 GRID = {"max_num_seqs": [2, 8, 32], "prefill_budget_tokens": [32, 256], "block_size": [16, 32]}
@@ -200,6 +202,29 @@ def test_a_numeric_point_the_profile_cannot_price_is_left_unpriced():
     with pytest.raises(ManifestError, match="the engine cannot run it with dtype=bfloat16"):
         _sweep({"quantization": ["int4"], "dtype": ["bfloat16"]}).check_engine_can_run(
             parse_grid({"quantization": ["int4"], "dtype": ["bfloat16"]}).points()[0])
+
+
+def test_a_path_this_machine_has_calibrated_is_priced_by_its_own_profile(tmp_path, monkeypatch):
+    """A sweep priced by this machine's float32 calibration prices its int8 points with this machine's int8
+    calibration, when one is saved (`calibrate --quantization int8`); a built-in profile never borrows one."""
+    monkeypatch.setenv("SERVING_LAB_CACHE", str(tmp_path))
+    cpu = HardwareProfile.named("local-cpu")
+    calibrated = {**cpu.provenance, "device_type": "cpu", "dtype": "float32"}
+    replace(cpu, name="calibrated-cpu-float32", peak_flops={"float32": cpu.peak_flops["float32"]},
+            provenance=calibrated).save()
+    grid = {"quantization": [None, "int8"], "max_num_seqs": [2]}
+    sweep = Sweep(load_manifest(EXAMPLE_MANIFEST), parse_grid(grid), WORKLOAD, hardware="calibrated-cpu-float32")
+    int8_point = sweep.grid.points()[1]
+    assert "`serving-lab calibrate --quantization int8`" in sweep.unpriced(int8_point)
+    rate = 4 * cpu.peak_flops["float32"]  # as `calibrate --quantization int8` keys it: int8 and its float32 around
+    replace(cpu, name="calibrated-cpu-int8", peak_flops={"int8": rate, "float32": rate},
+            provenance={**calibrated, "quantization": "int8"}).save()
+    sweep = Sweep(load_manifest(EXAMPLE_MANIFEST), parse_grid(grid), WORKLOAD, hardware="calibrated-cpu-float32")
+    assert sweep.unpriced(int8_point) is None and sweep.profile_for(int8_point).name == "calibrated-cpu-int8"
+    assert sweep.simulator(int8_point).kv_cache_dtype == "float32"  # the KV cache of the engine around int8
+    fp32, int8 = (sweep.simulate(point) for point in sweep.grid.points())
+    assert int8["output_throughput"] > fp32["output_throughput"] > 0  # its own (here faster) rates
+    assert _sweep(grid).unpriced(int8_point) is not None  # local-cpu: no borrowing
 
 
 @pytest.mark.slow
