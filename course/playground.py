@@ -85,8 +85,7 @@ class Playground:
         return {k.name: k.default for k in self.knobs}
 
 
-def gpu_knob() -> Knob:
-    return Knob("hardware", "GPU", GPUS, "h100-sxm")
+GPU_KNOB = Knob("hardware", "GPU", GPUS, "h100-sxm")  # every playground's first knob
 
 
 def decision_digest(runs: Sequence[RunMetrics]) -> str:
@@ -300,32 +299,32 @@ def tuning_knobs(hardware: str = "h100-sxm", request_rate: float = 16.0, max_num
 PLAYGROUNDS: tuple[Playground, ...] = (
     Playground("01-continuous-batching", "Static vs continuous batching",
                "How many times the output throughput of static batching will continuous batching reach?", "x",
-               (gpu_knob(), Knob("max_num_seqs", "max_num_seqs (batch slots)", (8, 16, 32, 64), 32),
+               (GPU_KNOB, Knob("max_num_seqs", "max_num_seqs (batch slots)", (8, 16, 32, 64), 32),
                 Knob("output_lengths", "output lengths", tuple(OUTPUT_LENGTHS), "long tail (mean 128)")),
                continuous_batching),
     Playground("02-paged-attention", "Paged vs contiguous KV allocation",
                "How many times the throughput of reserving max_model_len per request will paging reach?", "x",
-               (gpu_knob(), Knob("block_size", "block_size", (1, 8, 16, 32, 64, 128), 16),
+               (GPU_KNOB, Knob("block_size", "block_size", (1, 8, 16, 32, 64, 128), 16),
                 Knob("kv_cache_tokens", "KV pool (token slots)", (8192, 16384, 32768, 65536), 16384)),
                paged_attention),
     Playground("03-chunked-prefill-and-disaggregation", "The token-budget dial",
                "How many times longer will the decodes' worst gap between tokens be at budget 8192 than at 256?", "x",
-               (gpu_knob(), Knob("long_prompt_len", "long prompts' length", (1024, 2048, 4096, 8192), 4096),
+               (GPU_KNOB, Knob("long_prompt_len", "long prompts' length", (1024, 2048, 4096, 8192), 4096),
                 Knob("num_decodes", "requests decoding", (4, 16, 64), 16)),
                chunked_prefill),
     Playground("04-prefix-caching", "Shared system prompt, cache on and off",
                "What share of prompt tokens will the prefix cache serve?", "%",
-               (gpu_knob(), Knob("prefix_len", "shared prefix (tokens)", (8, 100, 1000, 4000), 1000),
+               (GPU_KNOB, Knob("prefix_len", "shared prefix (tokens)", (8, 100, 1000, 4000), 1000),
                 Knob("block_size", "block_size", (16, 32, 64, 128), 16)),
                prefix_caching),
     Playground("05-speculative-decoding", "Speculation's speed-up as the batch grows",
                "What speed-up will speculation give a single request (batch 1)?", "x",
-               (gpu_knob(), Knob("acceptance_rate", "acceptance rate per draft token", (0.3, 0.5, 0.7, 0.9), 0.7),
+               (GPU_KNOB, Knob("acceptance_rate", "acceptance rate per draft token", (0.3, 0.5, 0.7, 0.9), 0.7),
                 Knob("num_speculative_tokens", "num_speculative_tokens (k)", (2, 4, 8), 4)),
                speculative_decoding),
     Playground("07-tuning-knobs", "A small sweep of max_num_seqs",
                "Which is the smallest max_num_seqs that keeps p99 TTFT within 5% of its best?", "",
-               (gpu_knob(), Knob("request_rate", "request rate (requests/s)", (4.0, 16.0, 64.0), 16.0),
+               (GPU_KNOB, Knob("request_rate", "request rate (requests/s)", (4.0, 16.0, 64.0), 16.0),
                 Knob("max_num_batched_tokens", "max_num_batched_tokens", (512, 2048, 8192), 2048)),
                tuning_knobs),
 )

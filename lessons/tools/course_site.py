@@ -320,9 +320,9 @@ def home_body(course: Course, dashboard: bool = False) -> str:
 
 # ---- the playgrounds ---------------------------------------------------------------------------------------
 
-def pinned_pyodide(npm: Path = PLAYGROUND_NPM) -> Path:
-    """The installed Pyodide package, at the version package.json pins. A SiteError naming the fix otherwise:
-    a page whose playground cannot load is worse than a build that says why."""
+def pinned_pyodide(npm: Path = PLAYGROUND_NPM) -> tuple[Path, str]:
+    """The installed Pyodide package's folder and version, the one package.json pins. A SiteError naming the fix
+    otherwise: a page whose playground cannot load is worse than a build that says why."""
     wanted = json.loads((npm / "package.json").read_text(encoding="utf-8"))["dependencies"]["pyodide"]
     folder = npm / "node_modules" / "pyodide"
     fix = (f"run `npm ci --prefix {os.path.relpath(npm)}` (it needs Node.js and npm), "
@@ -334,7 +334,7 @@ def pinned_pyodide(npm: Path = PLAYGROUND_NPM) -> Path:
     if version != wanted or missing:
         found = f"Pyodide {version}" + (f" without {', '.join(missing)}" if missing else "")
         raise SiteError(f"the lessons' playgrounds need Pyodide {wanted}, found {found}: {fix}")
-    return folder
+    return folder, version
 
 
 def simulator_archive(root: Path = ROOT) -> bytes:
@@ -367,14 +367,14 @@ def simulator_archive(root: Path = ROOT) -> bytes:
     return buffer.getvalue()
 
 
-def write_playground_files(out: Path, root: Path = ROOT, npm: Path = PLAYGROUND_NPM) -> None:
-    """The site's playground/ folder: Pyodide's runtime, the simulator's archive, uPlot and the page script."""
-    pyodide = pinned_pyodide(npm)
+def write_playground_files(out: Path, pyodide: tuple[Path, str], root: Path = ROOT) -> None:
+    """The site's playground/ folder (Pyodide's runtime from `pinned_pyodide`, the simulator's archive, uPlot,
+    the page scripts) and its dashboard/ page."""
+    pyodide, version = pyodide
     folder = out / "playground"
     (folder / "pyodide").mkdir(parents=True)
     for name in PYODIDE_FILES:
         shutil.copyfile(pyodide / name, folder / "pyodide" / name)
-    version = json.loads((pyodide / "package.json").read_text(encoding="utf-8"))["version"]
     (folder / "pyodide" / "VENDORED.txt").write_text(
         f"Pyodide {version} (https://pyodide.org), Mozilla Public License 2.0: the runtime files of the npm "
         f"registry's `pyodide@{version}`, unchanged.\n", encoding="utf-8")
@@ -398,8 +398,8 @@ def dashboard_page() -> str:
     from course.playground import DASHBOARD_SPEEDS, GPUS
 
     def options(values) -> str:
-        return "".join(f'<option value="{escape(f"{v:g}" if isinstance(v, float) else v)}">'
-                       f'{escape(f"{v:g}" if isinstance(v, float) else v)}</option>' for v in values)
+        labels = (escape(f"{v:g}" if isinstance(v, float) else v) for v in values)
+        return "".join(f'<option value="{label}">{label}</option>' for label in labels)
 
     form = ('<form id="replay-form" method="get"><a href="../index.html">the course</a> · GPU <select name="hardware">'
             f'{options(GPUS)}</select> speed <select name="speed">{options(DASHBOARD_SPEEDS)}</select>x '
@@ -493,15 +493,14 @@ def build(out: Path, *, execute: bool = True, update_figures: bool = False, play
     `playground`: the lessons' in-browser simulator too (it needs the pinned Pyodide: `pinned_pyodide`)."""
     if update_figures and not execute:
         raise SiteError("--update-figures needs the notebooks executed (drop --no-execute)")
-    if playground:
-        pinned_pyodide()  # before anything is executed or written
+    pyodide = pinned_pyodide() if playground else None  # before anything is executed or written
     course = Course(root)
     site = collect(course)
     with replaced_whole(Path(out).resolve()) as tmp:
         renderer = Renderer(course, tmp, playgrounds=playground)
         renderer.css()
-        if playground:
-            write_playground_files(tmp, root)
+        if pyodide is not None:
+            write_playground_files(tmp, pyodide, root)
         figures: dict[str, bytes] = {}
         for name in site.notebooks:
             started = time.perf_counter()

@@ -4,6 +4,7 @@ each lesson's playground runs the simulator offline in the browser with the deci
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
@@ -156,7 +157,7 @@ def test_the_build_refuses_a_missing_or_other_pyodide_before_writing(tmp_path: P
 def test_the_simulator_archive_holds_the_simulator_and_simpy_and_is_reproducible() -> None:
     archive = course_site.simulator_archive()
     assert archive == course_site.simulator_archive()
-    names = set(zipfile.ZipFile(__import__("io").BytesIO(archive)).namelist())
+    names = set(zipfile.ZipFile(io.BytesIO(archive)).namelist())
     assert {"course/playground.py", "core/scheduler.py", "sim/simulator.py", "sim/data/gpu_fit.json",
             "simpy/__init__.py", "simpy/LICENSE"} <= names
     assert not any(n.startswith(("ref_engine/", "serving_lab/")) or "__pycache__" in n for n in names)

@@ -8,8 +8,7 @@ window.dashboardFeed = onFrame => {
   const FRAME_MS = 100;  // core/dashboard_frames.py: FRAME_INTERVAL_S
   let timer = null;
   if (location.protocol === "file:") {
-    status.textContent = "the simulator runs in the browser with WebAssembly, which a page opened from disk " +
-      "cannot load: serve the site (python -m http.server -d site) and open it at http://localhost:8000/";
+    status.textContent = servingLabFileNote;
     return {close() {}};
   }
   const query = new URLSearchParams(location.search);

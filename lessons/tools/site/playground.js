@@ -8,13 +8,6 @@
 (() => {
   "use strict";
   const COLORS = ["#2563eb", "#ea580c", "#16a34a", "#7c3aed", "#db2777", "#6b7280"];
-  let python = null;  // the page's Python (python.js), once the reader has touched a playground
-
-  function startPython(root) {
-    if (python === null) python = servingLabPython(root);
-    return python;
-  }
-
   function el(tag, attrs = {}, text = "") {
     const node = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
@@ -76,11 +69,10 @@
     form.append(guessLabel, run);
 
     if (location.protocol === "file:") {
-      status.textContent = "The simulator runs in the browser with WebAssembly, which a page opened from disk " +
-        "cannot load: serve the site (python -m http.server -d site) and open it at http://localhost:8000/.";
+      status.textContent = servingLabFileNote;
       return;
     }
-    const warm = () => startPython(root).catch(() => {});  // its failure is reported when Run awaits it
+    const warm = () => servingLabPython(root).catch(() => {});  // its failure is reported when Run awaits it
     form.addEventListener("focusin", warm, {once: true});
     form.addEventListener("pointerover", warm, {once: true});
     guess.addEventListener("input", () => { run.disabled = guess.value === ""; });
@@ -89,9 +81,9 @@
       if (guess.value === "") return;
       run.disabled = true;
       section.dataset.state = "running";
-      status.textContent = python === null ? "Starting Python in your browser..." : "Starting...";
+      status.textContent = "Starting Python in your browser...";
       try {
-        const {pyodide, loadMs} = await startPython(root);
+        const {pyodide, loadMs} = await servingLabPython(root);
         status.textContent = "Simulating...";
         await new Promise(resolve => setTimeout(resolve, 20));  // let the status paint first
         const chosen = Object.fromEntries(Object.entries(knobs).map(([name, value]) => [name, value()]));

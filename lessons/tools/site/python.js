@@ -20,6 +20,10 @@ window.servingLabPython = (() => {
   };
 })();
 
+// What a page opened from disk (file://) says instead of starting Python: it cannot load WebAssembly there.
+window.servingLabFileNote = "The simulator runs in the browser with WebAssembly, which a page opened from disk " +
+  "cannot load: serve the site (python -m http.server -d site) and open it at http://localhost:8000/.";
+
 // Run `course.playground.<name>(**kwargs)` and return its result, passed through JSON both ways.
 window.servingLabCall = (pyodide, name, kwargs) => {
   pyodide.globals.set("serving_lab_call", JSON.stringify({name, kwargs}));
