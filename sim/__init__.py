@@ -3,9 +3,10 @@
 Torch-free by design (ARCHITECTURE.md): any model on any hardware, at any scale, in seconds on a laptop.
 """
 
+from sim.autoscaler import Autoscaler, ColdStart
 from sim.cluster import Cluster
 from sim.cost_model import CostModel
 from sim.hardware import HardwareProfile
 from sim.simulator import Simulator
 
-__all__ = ["Cluster", "CostModel", "HardwareProfile", "Simulator"]
+__all__ = ["Autoscaler", "ColdStart", "Cluster", "CostModel", "HardwareProfile", "Simulator"]

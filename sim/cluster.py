@@ -4,14 +4,12 @@ This module owns what sits above one engine: routing requests to replicas, and m
 cache from a prefill replica to a decode replica. Every replica is a `SimulatedExecutor` running the same
 core scheduler as a single `Simulator`, all on one SimPy clock.
 
-Routers (one per pool of replicas)
-- "round_robin": replica 0, 1, 2, ... in turn;
-- "least_loaded": the replica with the fewest unfinished (waiting + running) requests, lowest index on ties;
-- "prefix_aware": a hash of the prompt's first block of tokens picks the replica, so requests that share
-  a prefix land together, on the replica whose prefix cache already holds it (prefix caching is on by
-  default): each replica caches only what it computed, so spreading a shared prefix over replicas
-  computes it once per replica. It reads only the first block, so on random prompts it spreads load only
-  as evenly as the hash does, and requests of different tenants may land together without sharing a hit.
+Routers (one per pool of replicas): the policies of sim/router.py, by name (`router=`): round_robin,
+least_loaded, least_kv, prefix_aware, tenant_aware, session_affinity, or a plug-in registered there.
+
+Fleets: identical replicas (`num_replicas`), or one per `Simulator` given (`simulators=`: different GPUs,
+pool sizes or knobs, one model), or a fleet whose size an `Autoscaler` (sim/autoscaler.py) changes as load
+comes and goes, each new replica serving only after its priced cold start.
 
 Prefill/decode disaggregation (DistServe, OSDI'24; vLLM's disaggregated prefill), `num_prefill_replicas=x`,
 `num_decode_replicas=y`:
@@ -39,19 +37,20 @@ replica admits the request (vLLM allocates decode blocks first, then pulls), and
 is not modelled.
 
 Output: `RunMetrics` over the end-to-end requests, with every replica's steps in one log ordered by start
-time; `Cluster.simulate` also returns each replica's own metrics.
+time; `Cluster.simulate` also returns each replica's own metrics and the GPU-seconds the fleet was up (an
+autoscaled fleet: its timeline), from which `ClusterRun.cost_per_million_tokens` prices the run.
 
 Lesson: lessons/03-chunked-prefill-and-disaggregation.md#disaggregation (colocated vs xP+yD disaggregated, the KV
 link swept); lessons/04-prefix-caching.md#tenant-isolation (why both copies carry tenant and cache_salt);
-lessons/capstone.md#capacity-planning (replicas behind a router, checked at a planned rate).
+lessons/capstone.md#capacity-planning (replicas behind a router, checked at a planned rate);
+lessons/07-tuning-knobs.md#from-one-replica-to-a-fleet (routers, autoscaling, cold starts).
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Generator, Sequence
 from dataclasses import MISSING, dataclass, fields, replace
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import simpy
 
@@ -60,52 +59,11 @@ from core.config import EngineConfig
 from core.metrics import RunMetrics
 from core.request import SERVING_STATE, Request
 from core.workload import Workload
+from sim.autoscaler import AutoscaledFleet, Autoscaler, FleetTimeline
 from sim.executor import SimulatedExecutor, feed_arrivals
 from sim.hardware import HardwareProfile
+from sim.router import Fleet, Router, make_router
 from sim.simulator import Simulator, resolve_hardware
-
-RouterName = Literal["round_robin", "least_loaded", "prefix_aware"]
-
-
-# ---- routers ---------------------------------------------------------------------------------------
-
-class Router(Protocol):
-    def route(self, request: Request, replicas: Sequence[SimulatedExecutor]) -> SimulatedExecutor: ...
-
-
-class RoundRobinRouter:
-    def __init__(self) -> None:
-        self._turn = itertools.count()
-
-    def route(self, request: Request, replicas: Sequence[SimulatedExecutor]) -> SimulatedExecutor:
-        return replicas[next(self._turn) % len(replicas)]
-
-
-class LeastLoadedRouter:
-    def route(self, request: Request, replicas: Sequence[SimulatedExecutor]) -> SimulatedExecutor:
-        return min(replicas, key=lambda replica: replica.num_unfinished)  # min keeps the first of equals
-
-
-class PrefixAwareRouter:
-    """Same first block of prompt tokens, same replica: the one whose prefix cache holds that block."""
-
-    def __init__(self, block_size: int) -> None:
-        self.block_size = block_size
-
-    def route(self, request: Request, replicas: Sequence[SimulatedExecutor]) -> SimulatedExecutor:
-        first_block = tuple(request.prompt_token_ids[: self.block_size])
-        return replicas[hash(first_block) % len(replicas)]  # hashes of int tuples are stable across runs
-
-
-def make_router(name: RouterName, block_size: int) -> Router:
-    if name == "round_robin":
-        return RoundRobinRouter()
-    if name == "least_loaded":
-        return LeastLoadedRouter()
-    if name == "prefix_aware":
-        return PrefixAwareRouter(block_size)
-    raise ValueError(f"router must be 'round_robin', 'least_loaded' or 'prefix_aware', got {name!r}")
-
 
 # ---- disaggregation: one request, two replicas ------------------------------------------------------
 
@@ -134,32 +92,47 @@ def decode_request(request: Request, prefill: Request) -> Request:
 
 @dataclass
 class ClusterRun:
-    """What `Cluster.simulate` returns: end-to-end metrics and each replica's own, by replica name."""
+    """What `Cluster.simulate` returns: end-to-end metrics, each replica's own (by replica name), the
+    GPU-seconds the fleet was up (devices x seconds from time 0, or from a replica's start, to the end of the
+    run or its stop), and an autoscaled fleet's timeline."""
 
     metrics: RunMetrics
     replicas: dict[str, RunMetrics]
+    gpu_seconds: float
+    timeline: FleetTimeline | None = None
+
+    def cost_per_million_tokens(self, dollars_per_gpu_hour: float) -> float:
+        """Dollars per million output tokens at `dollars_per_gpu_hour` (the fleet's whole bill, idle
+        replicas and cold starts included, over the tokens it produced)."""
+        return self.gpu_seconds / 3600 * dollars_per_gpu_hour / self.metrics.total_output_tokens * 1e6
 
 
 class Cluster:
-    """Identical replicas (same model, hardware and `EngineConfig`) behind a router.
+    """Replicas behind a router, colocated or prefill/decode disaggregated.
 
-    Colocated: `num_replicas` replicas each run whole requests. Disaggregated: give `num_prefill_replicas`
-    and `num_decode_replicas` (both >= 1) instead; the KV link defaults to the hardware profile's network
+    Colocated: `num_replicas` identical replicas each run whole requests; or `simulators`, one replica per
+    `Simulator` (a mixed fleet: same model and block size, any hardware and knobs); or a fleet sized by an
+    `autoscaler`, starting at its initial size. Disaggregated: give `num_prefill_replicas` and
+    `num_decode_replicas` (both >= 1) instead; the KV link defaults to the hardware profile's network
     bandwidth and latency, and `kv_link_bandwidth` (bytes/s) / `kv_link_latency_s` override them.
     """
 
     def __init__(self, model: ArchConfig | str | None = None, hardware: HardwareProfile | str | None = None,
                  config: EngineConfig | None = None, *, num_replicas: int = 1,
                  num_prefill_replicas: int = 0, num_decode_replicas: int = 0,
-                 router: RouterName = "round_robin", kv_link_bandwidth: float | None = None,
+                 router: str = "round_robin", kv_link_bandwidth: float | None = None,
                  kv_link_latency_s: float | None = None, dtype: str | None = None,
-                 tensor_parallel_size: int = 1, num_kv_blocks: int | None = None) -> None:
+                 tensor_parallel_size: int = 1, num_kv_blocks: int | None = None,
+                 simulators: Sequence[Simulator] | None = None, autoscaler: Autoscaler | None = None) -> None:
         self.disaggregated = num_prefill_replicas > 0 or num_decode_replicas > 0
         if self.disaggregated and (num_prefill_replicas < 1 or num_decode_replicas < 1 or num_replicas != 1):
             raise ValueError("disaggregation needs num_prefill_replicas >= 1 and num_decode_replicas >= 1 "
                              "(and no num_replicas)")
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        if sum((num_replicas > 1, simulators is not None, autoscaler is not None, self.disaggregated)) > 1:
+            raise ValueError("give one fleet: num_replicas, simulators, an autoscaler, or prefill and decode "
+                             "replicas")
         hardware = resolve_hardware(hardware)
         if kv_link_bandwidth is not None:
             hardware = replace(hardware, network_bandwidth=kv_link_bandwidth)
@@ -168,38 +141,62 @@ class Cluster:
         if self.disaggregated and hardware.network_bandwidth <= 0:
             raise ValueError(f"profile {hardware.name!r} has no network bandwidth for the KV link; "
                              "give kv_link_bandwidth")
-        # Every replica is made from this one Simulator: model, hardware, config, cost model, pool size.
-        self.simulator = Simulator(model, hardware, config, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
-                                   num_kv_blocks=num_kv_blocks)
-        self.num_replicas = num_replicas
+        if simulators is not None:
+            self.simulators = list(simulators)
+            if not self.simulators or len({(s.arch.name, s.config.block_size) for s in self.simulators}) > 1:
+                raise ValueError("a mixed fleet needs at least one simulator, all of one model and block size")
+        else:  # every replica made from one Simulator: model, hardware, config, cost model, pool size
+            self.simulators = [Simulator(model, hardware, config, dtype=dtype,
+                                         tensor_parallel_size=tensor_parallel_size, num_kv_blocks=num_kv_blocks)]
+        self.simulator = self.simulators[0]
+        self.num_replicas = len(self.simulators) if simulators is not None else num_replicas
         self.num_prefill_replicas = num_prefill_replicas
         self.num_decode_replicas = num_decode_replicas
+        self.autoscaler = autoscaler
         self.router = router
-        make_router(router, self.simulator.config.block_size)  # fail early on an unknown name
+        self.fleet = Fleet(self.simulator.arch.name, self.simulator.config.block_size,
+                           min(s.num_kv_blocks for s in self.simulators))
+        make_router(router, self.fleet)  # fail early on an unknown name
 
     def run(self, workload: Workload) -> RunMetrics:
         return self.simulate(workload).metrics
 
     def simulate(self, workload: Workload) -> ClusterRun:
-        """Serve `workload` from empty replicas at time 0 until every request has finished or been refused."""
+        """Serve `workload` from empty replicas at time 0 until every request has finished or been refused
+        (and an autoscaled fleet is back at its minimum)."""
         env = simpy.Environment()
         requests = workload.make_requests(self.simulator.arch.vocab_size)
+        router = make_router(self.router, self.fleet)
+        timeline = None
         if self.disaggregated:
             served, num_failed, replicas = self._run_disaggregated(env, requests)
+        elif self.autoscaler is not None:
+            fleet = AutoscaledFleet(env, self.simulator, router, self.autoscaler, len(requests))
+            env.process(feed_arrivals(env, requests, fleet.deliver))
+            env.process(fleet.run_until_done())
+            env.run()
+            timeline = fleet.close()
+            replicas = fleet.replicas
+            served = [r for replica in replicas for r in replica.requests]
+            num_failed = sum(replica.num_refused for replica in replicas)
         else:
-            served, num_failed, replicas = self._run_colocated(env, requests)
+            served, num_failed, replicas = self._run_colocated(env, requests, router)
         # one step log, by start time; sorted() is stable, so simultaneous steps keep replica order
         steps = sorted((s for r in replicas for s in r.steps), key=lambda s: s.start)
         metrics = RunMetrics.from_requests(served, steps, num_failed=num_failed)
-        return ClusterRun(metrics, {r.name: r.metrics() for r in replicas})
+        gpu_seconds = timeline.gpu_seconds if timeline is not None else env.now * self._devices(replicas)
+        return ClusterRun(metrics, {r.name: r.metrics() for r in replicas}, gpu_seconds, timeline)
+
+    def _devices(self, replicas: list[SimulatedExecutor]) -> int:
+        per_replica = [s.tensor_parallel_size * s.pipeline_parallel_size for s in self.simulators]
+        return sum(per_replica[i % len(per_replica)] for i in range(len(replicas)))
 
     def _new_pool(self, env: simpy.Environment, role: str, size: int) -> list[SimulatedExecutor]:
-        return [self.simulator.make_executor(env, f"{role}{i}") for i in range(size)]
+        return [self.simulators[i % len(self.simulators)].make_executor(env, f"{role}{i}") for i in range(size)]
 
-    def _run_colocated(self, env: simpy.Environment, requests: list[Request]
+    def _run_colocated(self, env: simpy.Environment, requests: list[Request], router: Router
                        ) -> tuple[list[Request], int, list[SimulatedExecutor]]:
         replicas = self._new_pool(env, "replica", self.num_replicas)
-        router = make_router(self.router, self.simulator.config.block_size)
         env.process(feed_arrivals(env, requests,
                                   lambda request: router.route(request, replicas).add_request(request)))
         env.run()
@@ -208,11 +205,10 @@ class Cluster:
 
     def _run_disaggregated(self, env: simpy.Environment, requests: list[Request]
                            ) -> tuple[list[Request], int, list[SimulatedExecutor]]:
-        block_size = self.simulator.config.block_size
         prefill_pool = self._new_pool(env, "prefill", self.num_prefill_replicas)
         decode_pool = self._new_pool(env, "decode", self.num_decode_replicas)
-        prefill_router = make_router(self.router, block_size)
-        decode_router = make_router(self.router, block_size)
+        prefill_router = make_router(self.router, self.fleet)
+        decode_router = make_router(self.router, self.fleet)
         links = {replica.name: simpy.Resource(env, capacity=1) for replica in prefill_pool}
         cost_model = self.simulator.cost_model
         served: list[Request] = []

@@ -1,0 +1,241 @@
+"""Autoscaling a fleet of simulated replicas: when to add or drain one, and what a cold start costs.
+
+This module owns the fleet's size over time. An `Autoscaler` is a policy in the style of Knative's and
+KServe's concurrency autoscaling: it aims at `target_concurrency` outstanding requests per replica; every
+`interval_s` it counts the requests in the fleet (waiting, running, and held at the front door for lack of
+a replica) and wants ceil(count / target) replicas, clamped to [min_replicas, max_replicas]. It scales up at
+once and down only after wanting fewer for `scale_down_delay_s` without a break (so a lull between bursts
+does not throw warm replicas away). With `min_replicas=0` the fleet scales to zero; the first request
+after that waits at the front door (Knative's activator) while a replica starts.
+
+A started replica serves only after its `ColdStart`, made of parts the simulator prices and the engine
+can measure one by one:
+- process start: container, interpreter, framework imports (a stated constant);
+- weight load: the replica's share of the weights / `load_bandwidth` (disk or network);
+- KV-pool allocation: the pool's bytes written once at the device's memory bandwidth;
+- compile: graph capture or torch.compile (a stated constant; 0 for an eager engine).
+
+Scaling down drains a replica: it takes no new request, finishes what it holds, then stops. No request is
+lost to a scale-down. Scaling up first takes back a draining replica (it is warm), then starts new ones.
+
+Invariants: at every moment starting + serving replicas (draining ones apart) <= max_replicas; after the
+first decision, >= min_replicas; every request delivered is either served or refused by a replica's
+scheduler; the same workload and policy give the same numbers (no wall clock, no unseeded randomness).
+
+Output (`FleetTimeline`): the replicas' states over time, and GPU-seconds (each replica from the start of
+its cold start to its stop, times its devices): what a cloud bill counts.
+
+Lesson: lessons/07-tuning-knobs.md#from-one-replica-to-a-fleet (a spike with and without scale-to-zero).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+
+import simpy
+
+from core.request import Request
+from sim.cost_model import model_weight_bytes
+from sim.executor import SimulatedExecutor
+from sim.router import Router
+from sim.simulator import Simulator, device_block_bytes
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    """How long a new replica takes before it serves, by part (module docstring). Bandwidths in bytes/s."""
+
+    process_start_s: float = 0.0
+    load_bandwidth: float = 2.0e9  # an assumption to state: a local NVMe disk reads a few GB/s
+    compile_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.process_start_s < 0 or self.compile_s < 0 or self.load_bandwidth <= 0:
+            raise ValueError(f"a cold start needs times >= 0 and load_bandwidth > 0, got {self}")
+
+    def parts(self, simulator: Simulator) -> dict[str, float]:
+        """Seconds of each part for one replica of `simulator` (per device: the devices start in parallel)."""
+        devices = simulator.tensor_parallel_size * simulator.pipeline_parallel_size
+        weight_bytes = model_weight_bytes(simulator.arch, simulator.dtype, simulator.hardware) / devices
+        pool_bytes = simulator.num_kv_blocks * device_block_bytes(
+            simulator.arch, simulator.config.block_size, simulator.kv_cache_dtype,
+            simulator.tensor_parallel_size, simulator.pipeline_parallel_size)
+        return {"process_start": self.process_start_s,
+                "weight_load": weight_bytes / self.load_bandwidth,
+                "kv_allocation": pool_bytes / simulator.hardware.memory_bandwidth,
+                "compile": self.compile_s}
+
+    def seconds(self, simulator: Simulator) -> float:
+        return sum(self.parts(simulator).values())
+
+
+@dataclass(frozen=True)
+class Autoscaler:
+    """A concurrency-target autoscaling policy (module docstring)."""
+
+    target_concurrency: float = 16.0
+    min_replicas: int = 1
+    max_replicas: int = 8
+    scale_down_delay_s: float = 30.0
+    interval_s: float = 2.0  # Knative decides every 2 s
+    initial_replicas: int | None = None  # serving at time 0, warm; None: min_replicas
+    cold_start: ColdStart = field(default_factory=ColdStart)
+
+    def __post_init__(self) -> None:
+        initial = self.starting_replicas
+        if not (0 <= self.min_replicas <= initial <= self.max_replicas and self.max_replicas >= 1):
+            raise ValueError("an autoscaler needs 0 <= min_replicas <= initial_replicas <= max_replicas and "
+                             f"max_replicas >= 1, got {self.min_replicas}, {initial}, {self.max_replicas}")
+        if self.target_concurrency <= 0 or self.interval_s <= 0 or self.scale_down_delay_s < 0:
+            raise ValueError("target_concurrency and interval_s must be > 0 and scale_down_delay_s >= 0")
+
+    @property
+    def starting_replicas(self) -> int:
+        return self.min_replicas if self.initial_replicas is None else self.initial_replicas
+
+    def desired(self, outstanding: int) -> int:
+        """How many replicas `outstanding` requests call for."""
+        return max(self.min_replicas, min(self.max_replicas, math.ceil(outstanding / self.target_concurrency)))
+
+
+@dataclass
+class FleetTimeline:
+    """The fleet's size over time: (time, starting, serving, draining) at each change, and the bill."""
+
+    changes: list[tuple[float, int, int, int]] = field(default_factory=list)
+    gpu_seconds: float = 0.0
+    num_cold_starts: int = 0
+    cold_start_s: float = 0.0  # one cold start's seconds (every replica is alike)
+
+    @property
+    def max_serving(self) -> int:
+        return max((serving for _, _, serving, _ in self.changes), default=0)
+
+
+class AutoscaledFleet:
+    """Replicas of one `Simulator` on `env`, added and drained by `autoscaler`, fed through `router`.
+
+    `deliver(request)` is the front door: it routes to a serving replica, or holds the request until one is.
+    The cluster calls `run_until_done` as a SimPy process next to its arrivals and `close` at the end."""
+
+    def __init__(self, env: simpy.Environment, simulator: Simulator, router: Router, autoscaler: Autoscaler,
+                 num_requests: int) -> None:
+        self.env, self.simulator, self.router, self.autoscaler = env, simulator, router, autoscaler
+        self.timeline = FleetTimeline(cold_start_s=autoscaler.cold_start.seconds(simulator))
+        self.replicas: list[SimulatedExecutor] = []  # every replica ever started, in order
+        self.serving: list[SimulatedExecutor] = []
+        self.starting: list[SimulatedExecutor] = []
+        self.draining: list[SimulatedExecutor] = []
+        self._started_at: dict[str, float] = {}
+        self._held: list[Request] = []  # at the front door: no replica serves yet
+        self._num_undelivered = num_requests  # requests not yet handed to a replica (or refused)
+        self._below_since: float | None = None  # when the autoscaler began wanting fewer replicas
+        self._devices = simulator.tensor_parallel_size * simulator.pipeline_parallel_size
+        for _ in range(autoscaler.starting_replicas):
+            self.serving.append(self._new_replica())
+        self._record()
+
+    # ---- the front door ----
+
+    def deliver(self, request: Request) -> None:
+        if not self.serving and not self.starting:  # scale from zero at once, not at the next decision
+            self._scale_to(1)
+        if self.serving:
+            self._hand_over(request)
+        else:
+            self._held.append(request)
+
+    def _hand_over(self, request: Request) -> None:
+        replica = self.router.route(request, self.serving)
+        finished = replica.add_request(request)
+        self._num_undelivered -= 1
+        if finished is not None:
+            finished.callbacks.append(lambda _event, replica=replica: self._on_finished(replica))
+
+    def _on_finished(self, replica: SimulatedExecutor) -> None:
+        if replica in self.draining and replica.num_unfinished == 0:
+            self.draining.remove(replica)
+            self._stop(replica)
+            self._record()
+
+    # ---- scaling ----
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._held) + sum(r.num_unfinished for r in self.serving + self.draining)
+
+    def run_until_done(self) -> Generator[simpy.Event, None, None]:
+        """SimPy process: one decision every `interval_s` until every request is served and the fleet is at
+        its minimum (so the run shows the scale-down that follows the last request)."""
+        policy = self.autoscaler
+        while self._num_undelivered or self.outstanding or self.starting or self.draining or (
+                len(self.serving) > policy.min_replicas):
+            yield self.env.timeout(policy.interval_s)
+            self._decide()
+
+    def _decide(self) -> None:
+        policy, now = self.autoscaler, self.env.now
+        current = len(self.serving) + len(self.starting)
+        desired = policy.desired(self.outstanding)
+        if desired >= current:
+            self._below_since = None
+            if desired > current:
+                self._scale_to(desired)
+            return
+        if self._below_since is None:
+            self._below_since = now
+        if now - self._below_since >= policy.scale_down_delay_s:
+            self._scale_to(desired)
+            self._below_since = None
+
+    def _scale_to(self, desired: int) -> None:
+        current = len(self.serving) + len(self.starting)
+        while current < desired and self.draining:  # a draining replica is warm: take it back first
+            self.serving.append(self.draining.pop())
+            current += 1
+        for _ in range(desired - current):
+            replica = self._new_replica()
+            self.starting.append(replica)
+            self.timeline.num_cold_starts += 1
+            self.env.process(self._cold_start(replica))
+        for _ in range(current - desired):  # drain the newest serving replicas, which hold the least cache
+            if not self.serving:
+                break
+            replica = self.serving.pop()
+            forget: Callable[[SimulatedExecutor], None] | None = getattr(self.router, "forget", None)
+            if forget is not None:
+                forget(replica)
+            if replica.num_unfinished:
+                self.draining.append(replica)
+            else:
+                self._stop(replica)
+        self._record()
+
+    def _cold_start(self, replica: SimulatedExecutor) -> Generator[simpy.Event, None, None]:
+        yield self.env.timeout(self.timeline.cold_start_s)
+        self.starting.remove(replica)
+        self.serving.append(replica)
+        self._record()
+        held, self._held = self._held, []
+        for request in held:
+            self._hand_over(request)
+
+    def _new_replica(self) -> SimulatedExecutor:
+        replica = self.simulator.make_executor(self.env, f"replica{len(self.replicas)}")
+        self.replicas.append(replica)
+        self._started_at[replica.name] = self.env.now
+        return replica
+
+    def _stop(self, replica: SimulatedExecutor) -> None:
+        self.timeline.gpu_seconds += (self.env.now - self._started_at.pop(replica.name)) * self._devices
+
+    def _record(self) -> None:
+        self.timeline.changes.append((self.env.now, len(self.starting), len(self.serving), len(self.draining)))
+
+    def close(self) -> FleetTimeline:
+        """Bill the replicas still up at the end of the run."""
+        for replica in self.serving + self.starting + self.draining:
+            self._stop(replica)
+        return self.timeline
