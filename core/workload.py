@@ -8,7 +8,8 @@ prompts are real token ids when given, otherwise seeded random ids.
 Lengths are given as an int (fixed), a `(lo, hi)` tuple (uniform, inclusive) or an `Exponential` (mean,
 capped), the distributions the lessons' experiments use, or drawn in pairs from a published production
 trace (`from_trace`). Arrivals are "all" at time 0 or a Poisson
-process of `rate` requests per second.
+process of `rate` requests per second. `replay` plays a production trace (core/trace.py) as it was sent:
+its arrival times, sped up or slowed down, with its lengths.
 
 For prefix caching, a request can start with a prefix drawn from a shared *prefix group*: one seeded token
 stream per group, so every request of a group (and of later workloads with the same seed: chat turns)
@@ -26,12 +27,14 @@ prefixes, chat rounds, tenants); scheduling policies in lessons/03-chunked-prefi
 from __future__ import annotations
 
 import functools
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from core.request import Request
+from core.trace import Trace, load_trace
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,34 @@ class Workload:
         return cls(reqs, seed, name or f"trace-{trace}")
 
     @classmethod
+    def replay(cls, trace: Trace | str | Path, time_scale: float = 1.0, num_requests: int | None = None,
+               seed: int = 0, name: str | None = None) -> Workload:
+        """A production trace's requests as its service received them: each arrives at its time in the
+        trace divided by `time_scale` (10: ten times faster, the same requests at ten times the rate), with
+        the trace's prompt and output lengths (the prompts are seeded random ids). `trace` is a `Trace`, the
+        name of a shipped one (`core.trace.TRACE_FILES`) or a file in Azure's format (`core.trace.read_trace`).
+        Fewer `num_requests` than the trace holds take its first ones; more play it again, end to end, each
+        pass starting one mean inter-arrival gap after the previous pass's last arrival, so an hour's trace
+        makes a run of any length."""
+        if isinstance(time_scale, bool) or not (isinstance(time_scale, (int, float))
+                                                and 0 < time_scale < math.inf):
+            raise ValueError("time_scale must be a positive number (10 plays the trace ten times faster), "
+                             f"got {time_scale!r}")
+        trace = trace if isinstance(trace, Trace) else load_trace(trace)
+        count = len(trace) if num_requests is None else num_requests
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"num_requests must be an integer >= 1, or None for the whole trace, "
+                             f"got {num_requests!r}")
+        period = trace.duration + trace.mean_interarrival  # one pass and the gap before the next
+        reqs = []
+        for i in range(count):
+            n, j = divmod(i, len(trace))  # pass n, the trace's request j
+            arrival_time = (n * period + trace.arrival_times[j]) / time_scale
+            reqs.append(WorkloadRequest(arrival_time, trace.prompt_lens[j], trace.output_lens[j]))
+        scale = f"-x{time_scale:g}" if time_scale != 1 else ""
+        return cls(tuple(reqs), seed, name or f"replay-{trace.name}{scale}")
+
+    @classmethod
     def copying(cls, num_requests: int, prompt_len: int, output_len: int, arrival: str | float = "all",
                 seed: int = 0, passage_len: int = COPY_PASSAGE_LEN, name: str = "copy") -> Workload:
         """Prompts whose continuation repeats them: each a random `passage_len`-token passage written out again
@@ -276,7 +307,9 @@ class Workload:
         return out
 
 
-# Published traces' (prompt, output) lengths, in core/data: each file says where it comes from.
+# Published traces' (prompt, output) lengths, in core/data: each file says where it comes from. Small samples
+# of the full traces that `Workload.replay` plays (`core.trace.TRACE_FILES`, the same names), so that
+# `from_trace` also works in the browser's playgrounds, which are not sent the full ones.
 TRACES = {
     "azure-conv-2023": "azure-llm-2023-conv.csv",  # a chat service: median prompt ~1,020 tokens, reply ~130
     "azure-code-2023": "azure-llm-2023-code.csv",  # code completion: median prompt ~1,400 tokens, reply ~13

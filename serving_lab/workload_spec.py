@@ -1,5 +1,5 @@
 """Workloads named on the command line: `synthetic:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE][,tenants=MIX]`,
-`chat:...`, `copy:...` and `trace:...` (below).
+`chat:...`, `copy:...`, `trace:...` and `replay:...` (below).
 
 One short string, so `serving-lab simulate`, `sweep` and `report` need no file for the common case:
 NUM_REQUESTS requests of PROMPT_LEN prompt tokens that each generate OUTPUT_LEN tokens, all arriving at time
@@ -29,19 +29,30 @@ production trace (`Workload.from_trace`; NAME `azure-conv-2023`, a chat service,
 completion, from Azure's 2023 LLM inference traces): `trace:azure-conv-2023:500:10` is 500 requests at 10
 requests/s with the chat service's lengths (median prompt ~1,020 tokens, reply ~130, the longest prompts past
 10k: give the simulator a max_model_len that holds them, or it refuses them).
+
+`replay:TRACE[:TIME_SCALE[:NUM_REQUESTS]]` plays a production trace as it was sent (`Workload.replay`): every
+request at its arrival time in the trace, divided by TIME_SCALE (default 1; 10 plays it ten times faster), with
+its prompt and output lengths. TRACE is `azure-conv-2023` or `azure-code-2023`, the full hour of each service
+(19,366 and 8,819 requests, `core.trace.TRACE_FILES`), or the path of a file in Azure's format,
+`TIMESTAMP,ContextTokens,GeneratedTokens` (plain or .gz, a path without `:` or `,`). NUM_REQUESTS (default: the
+whole trace) takes the trace's first requests, or, past its end, plays it again from the start:
+`replay:azure-code-2023:10:1000` is the code service's first 1,000 requests, ten times faster (52 s).
 """
 
 from __future__ import annotations
 
 import math
 
+from core.trace import load_trace
 from core.workload import COPY_PASSAGE_LEN, TRACES, Workload
 
 SYNTHETIC_SPEC = "synthetic:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE]"
 CHAT_SPEC = "chat:NUM_CONVERSATIONS:TURNS:SYSTEM_LEN:USER_LEN:OUTPUT_LEN[:RATE]"
 TRACE_SPEC = "trace:NAME:NUM_REQUESTS[:RATE]"
 COPY_SPEC = "copy:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE]"
-WORKLOAD_SPEC = f"{SYNTHETIC_SPEC}, {CHAT_SPEC}, {TRACE_SPEC} or {COPY_SPEC}, each with [,tenants=NAME:SHARE,...]"
+REPLAY_SPEC = "replay:TRACE[:TIME_SCALE[:NUM_REQUESTS]]"
+WORKLOAD_SPEC = (f"{SYNTHETIC_SPEC}, {CHAT_SPEC}, {TRACE_SPEC}, {COPY_SPEC} or {REPLAY_SPEC}, "
+                 "each with [,tenants=NAME:SHARE,...]")
 
 
 def parse_workload(spec: str, seed: int = 0) -> Workload:
@@ -71,11 +82,22 @@ def parse_workload(spec: str, seed: int = 0) -> Workload:
             raise ValueError(f"workload {spec!r}: unknown trace {fields[0]!r}; known: {', '.join(TRACES)}")
         workload = Workload.from_trace(fields[0], _count(spec, "NUM_REQUESTS", fields[1]),
                                        arrival=_arrival(spec, fields[2:]), seed=seed, name=spec)
+    elif kind == "replay" and len(fields) in (1, 2, 3):
+        try:
+            trace = load_trace(fields[0])
+        except (OSError, ValueError) as error:  # OSError: a file that is not gzip, or not readable
+            raise ValueError(f"workload {spec!r}: TRACE: {error}") from None
+        time_scale = (_positive(spec, "TIME_SCALE", fields[1], "a positive number (10: ten times faster)")
+                      if len(fields) > 1 else 1.0)
+        num_requests = _count(spec, "NUM_REQUESTS", fields[2]) if len(fields) > 2 else None
+        workload = Workload.replay(trace, time_scale, num_requests, seed=seed, name=spec)
     else:
-        form = {"synthetic": SYNTHETIC_SPEC, "chat": CHAT_SPEC, "trace": TRACE_SPEC, "copy": COPY_SPEC}.get(kind)
+        form = {"synthetic": SYNTHETIC_SPEC, "chat": CHAT_SPEC, "trace": TRACE_SPEC, "copy": COPY_SPEC,
+                "replay": REPLAY_SPEC}.get(kind)
         got = f" (got {len(fields)} fields after {kind}:)" if form else f" (unknown kind {kind!r})"
         raise ValueError(f"workload {spec!r}: expected {form or WORKLOAD_SPEC}{got}, e.g. synthetic:64:128:64:8, "
-                         "chat:8:3:64:32:16, trace:azure-conv-2023:500:10 or copy:12:256:48")
+                         "chat:8:3:64:32:16, trace:azure-conv-2023:500:10, copy:12:256:48 or "
+                         "replay:azure-code-2023:10:1000")
     return workload.with_tenant_mix(_tenant_mix(spec, option)) if option else workload
 
 
@@ -91,15 +113,18 @@ def _count(spec: str, name: str, text: str, *, ranged: bool = False, minimum: in
 
 def _arrival(spec: str, rate: list[str]) -> str | float:
     """"all" without a RATE field, else the rate in requests/s."""
-    if not rate:
-        return "all"
+    return _positive(spec, "RATE", rate[0], "a positive number of requests/s") if rate else "all"
+
+
+def _positive(spec: str, name: str, text: str, what: str) -> float:
+    """A field of the spec that is a positive, finite number (`what` says so in the error)."""
     try:
-        arrival = float(rate[0])
+        value = float(text)
     except ValueError:
-        arrival = math.nan
-    if not 0 < arrival < math.inf:
-        raise ValueError(f"workload {spec!r}: RATE must be a positive number of requests/s, got {rate[0]!r}")
-    return arrival
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise ValueError(f"workload {spec!r}: {name} must be {what}, got {text!r}")
+    return value
 
 
 def _tenant_mix(spec: str, option: str) -> dict[str, int]:

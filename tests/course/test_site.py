@@ -161,6 +161,9 @@ def test_the_simulator_archive_holds_the_simulator_and_simpy_and_is_reproducible
     assert {"course/playground.py", "core/scheduler.py", "sim/simulator.py", "sim/data/gpu_fit.json",
             "simpy/__init__.py", "simpy/LICENSE"} <= names
     assert not any(n.startswith(("ref_engine/", "serving_lab/")) or "__pycache__" in n for n in names)
+    # the small samples `Workload.from_trace` draws from go; the full traces (core/trace.py, 250 KB) stay out
+    assert {"core/trace.py", "core/data/azure-llm-2023-conv.csv", "core/data/azure-llm-2023-code.csv"} <= names
+    assert not any(n.endswith(".gz") for n in names)
 
 
 def test_the_playgrounds_and_the_dashboard_run_offline_in_the_browser_as_in_python(built) -> None:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from core.config import EngineConfig
-from core.workload import trace_lengths
+from core.workload import Workload, trace_lengths
 from serving_lab import cli
 from serving_lab.manifest import (
     EXAMPLE_MANIFEST,
@@ -324,6 +324,14 @@ def test_simulate_speculation_needs_an_acceptance_rate(tmp_path, capsys):
     ("trace:azure-code-2023:0", "NUM_REQUESTS must be a positive integer"),
     ("copy:8:100:16", "PROMPT_LEN must be at least 128 (two 64-token passages"),
     ("copy:8:256", "expected copy:NUM_REQUESTS:PROMPT_LEN:OUTPUT_LEN[:RATE] (got 2 fields"),
+    ("replay", "expected replay:TRACE[:TIME_SCALE[:NUM_REQUESTS]] (got 0 fields"),
+    ("replay:azure-code-2023:10:5:1", "expected replay:TRACE[:TIME_SCALE[:NUM_REQUESTS]] (got 4 fields"),
+    ("replay:sharegpt", "TRACE: unknown trace 'sharegpt': neither a file nor one of azure-conv-2023, azure-code-2023"),
+    ("replay:azure-code-2023:0", "TIME_SCALE must be a positive number (10: ten times faster), got '0'"),
+    ("replay:azure-code-2023:fast", "TIME_SCALE must be a positive number (10: ten times faster), got 'fast'"),
+    ("replay:azure-code-2023:10:0", "NUM_REQUESTS must be a positive integer, got '0'"),
+    ("replay:azure-code-2023:10:all", "NUM_REQUESTS must be a positive integer, got 'all'"),
+    ("poisson:8", "or replay:TRACE[:TIME_SCALE[:NUM_REQUESTS]], each with [,tenants=NAME:SHARE,...] (unknown kind"),
 ])
 def test_a_bad_workload_spec_shows_the_expected_form(spec, error):
     with pytest.raises(ValueError, match=re.escape(error)):
@@ -353,6 +361,27 @@ def test_a_trace_spec_draws_a_published_trace_s_length_pairs():
     assert 1200 <= statistics.median(r.prompt_len for r in code.requests) <= 1600
     assert 10 <= statistics.median(r.output_len for r in code.requests) <= 18
     assert code.requests[-1].arrival_time == 0 and code == parse_workload("trace:azure-code-2023:2000")  # seeded
+
+
+def test_a_replay_spec_plays_a_trace_s_arrivals_scaled_in_time():
+    """By name, the whole trace at its own pace, or its first requests faster; a file in Azure's format too."""
+    whole = parse_workload("replay:azure-conv-2023")
+    assert len(whole) == 19_366 and whole.requests == Workload.replay("azure-conv-2023").requests
+    fast = parse_workload("replay:azure-code-2023:10:1000,tenants=a:1", seed=3)
+    assert fast.requests == Workload.replay("azure-code-2023", 10, 1000).with_tenant("a").requests
+    assert fast.seed == 3 and 50 < fast.requests[-1].arrival_time < 55  # the first 1,000 requests: 521 s / 10
+    looped = parse_workload("replay:azure-code-2023:1:9000")
+    assert len(looped) == 9000 and looped.requests[8819].arrival_time > looped.requests[8818].arrival_time
+
+
+def test_a_replay_spec_names_the_line_of_a_bad_trace_file(tmp_path):
+    path = tmp_path / "mine.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,30,4\n2023-11-16 18:15:47.5,50,2\n")
+    workload = parse_workload(f"replay:{path}:0.5")
+    assert [(r.arrival_time, r.prompt_len, r.output_len) for r in workload.requests] == [(0, 30, 4), (3.0, 50, 2)]
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,30,4\n2023-11-16 18:15:47.5,50\n")
+    with pytest.raises(ValueError, match=re.escape(f"workload 'replay:{path}': TRACE: {path}:3: expected 3 fields")):
+        parse_workload(f"replay:{path}")
 
 
 def test_a_chat_spec_replays_a_shared_system_prompt_and_growing_histories():
