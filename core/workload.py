@@ -254,6 +254,14 @@ class Workload:
         return replace(self, requests=tuple(replace(r, tenant=t) for r, t in zip(self.requests, tenants)),
                        name=f"{self.name}@{mix}")
 
+    def delayed(self, seconds: float) -> Workload:
+        """The same requests, each arriving `seconds` later: phases of a day composed with `+` (a spike
+        at minute 2 of a quiet stream)."""
+        if not seconds >= 0:
+            raise ValueError(f"a delay must be >= 0 seconds, got {seconds!r}")
+        return replace(self, requests=tuple(replace(r, arrival_time=r.arrival_time + seconds)
+                                            for r in self.requests), name=f"{self.name}+{seconds:g}s")
+
     def with_priority(self, priority: int) -> Workload:
         """The same requests, all with `priority` (lower runs first under scheduling_policy="priority")."""
         if not isinstance(priority, int) or isinstance(priority, bool):

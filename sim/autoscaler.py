@@ -4,8 +4,10 @@ This module owns the fleet's size over time. An `Autoscaler` is a policy in the 
 KServe's concurrency autoscaling: it aims at `target_concurrency` outstanding requests per replica; every
 `interval_s` it counts the requests in the fleet (waiting, running, and held at the front door for lack of
 a replica) and wants ceil(count / target) replicas, clamped to [min_replicas, max_replicas]. It scales up at
-once and down only after wanting fewer for `scale_down_delay_s` without a break (so a lull between bursts
-does not throw warm replicas away). With `min_replicas=0` the fleet scales to zero; the first request
+once and down only after wanting fewer for `scale_down_delay_s` without a break, and then to the most it
+wanted in that window (so a lull between bursts does not throw warm replicas away, and a trickle of requests
+that leaves the fleet empty at most ticks does not scale it to zero). Knative also averages the count over
+a window and has a "panic" mode for sudden bursts; this policy reads the count as it is at each tick. With `min_replicas=0` the fleet scales to zero; the first request
 after that waits at the front door (Knative's activator) while a replica starts.
 
 A started replica serves only after its `ColdStart`, made of parts the simulator prices and the engine
@@ -132,6 +134,7 @@ class AutoscaledFleet:
         self._held: list[Request] = []  # at the front door: no replica serves yet
         self._num_undelivered = num_requests  # requests not yet handed to a replica (or refused)
         self._below_since: float | None = None  # when the autoscaler began wanting fewer replicas
+        self._window_max = 0  # the most it wanted since then: what it scales down to
         self._devices = simulator.tensor_parallel_size * simulator.pipeline_parallel_size
         for _ in range(autoscaler.starting_replicas):
             self.serving.append(self._new_replica())
@@ -185,9 +188,10 @@ class AutoscaledFleet:
                 self._scale_to(desired)
             return
         if self._below_since is None:
-            self._below_since = now
+            self._below_since, self._window_max = now, desired
+        self._window_max = max(self._window_max, desired)
         if now - self._below_since >= policy.scale_down_delay_s:
-            self._scale_to(desired)
+            self._scale_to(self._window_max)
             self._below_since = None
 
     def _scale_to(self, desired: int) -> None:

@@ -1,13 +1,14 @@
-"""Exercises of lesson 7, "Tuning knobs": E07.1 and E07.2.
+"""Exercises of lesson 7, "Tuning knobs": E07.1, E07.2 and E07.3.
 
 Write the bodies below, then check them from the repository root:
 
-    pytest tests/exercises/test_e07_tuning_knobs.py --impl=learner          # both exercises
+    pytest tests/exercises/test_e07_tuning_knobs.py --impl=learner          # every exercise
     pytest tests/exercises/test_e07_tuning_knobs.py --impl=learner -k e07_1 # one
 
 The tests check E07.1 on hand-built tables and against the sweep's own front (`pareto_front` in
 serving_lab/sweep.py) on a simulated sweep, and E07.2 on hand-made numbers and on three configurations of
-Llama-3.1-8B on an H100 whose goodput the simulator measures. Reference solutions:
+Llama-3.1-8B on an H100 whose goodput the simulator measures; E07.3 on replicas with hand-placed requests,
+then as a plug-in of a simulated fleet against the least-loaded router. Reference solutions:
 lessons/exercises/solutions/e07_tuning_knobs.py.
 
 Lesson: lessons/07-tuning-knobs.md#exercises
@@ -17,6 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from core.request import Request
+from sim.executor import SimulatedExecutor
+from sim.router import Fleet
 
 
 def pareto_front(rows: Sequence[Mapping[str, Any]], maximize: Sequence[str] = ("output_throughput",),
@@ -67,3 +72,24 @@ def cheapest_deployment(configs: Sequence[Mapping[str, Any]], qps: float, gpu_ho
     none is left.
     """
     raise NotImplementedError("E07.2: the cheapest deployment")
+
+
+class LeastPendingPrefillRouter:
+    """E07.3 (implement): a router plug-in (sim/router.py) that sends each request to the replica with the
+    fewest prompt tokens still to prefill.
+
+    A replica's pending prefill is the sum, over the requests waiting or running there
+    (`replica.scheduler.waiting` and `replica.scheduler.running`), of each one's prompt tokens not yet
+    computed: `num_prompt_tokens - num_computed_tokens`, or 0 once that is negative (a decoding request).
+    Ties go to the replica with the fewest outstanding requests (`replica.num_unfinished`), then to the first
+    in `replicas`. A request count treats a 50-token and an 8,000-token prompt alike; this counts the work that
+    delays the next request's first token.
+
+    Interview questions: Q-CAP-04 (lessons/interview-bank.md#q-cap-04).
+    """
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def route(self, request: Request, replicas: Sequence[SimulatedExecutor]) -> SimulatedExecutor:
+        raise NotImplementedError("E07.3: a router plug-in")

@@ -5,8 +5,9 @@ reading of the definition), and of a real sweep simulated on the CPU profile (ag
 `pareto_front`). E07.2 checks the arithmetic on hand-made numbers. Then it asks the simulator for the goodput
 of three configurations of Llama-3.1-8B on an H100 (the highest rate on a short ladder at which at least 90%
 of requests meet the SLO), and checks that the cheapest plan is the one the table implies and that one replica
-of it, at its share of the traffic, meets the SLO in the simulator too. Simulated runs are deterministic;
-nothing here reads a clock.
+of it, at its share of the traffic, meets the SLO in the simulator too. E07.3 routes among replicas whose queues
+are placed by hand, then runs as a plug-in of a simulated fleet against the least-loaded router. Simulated runs
+are deterministic; nothing here reads a clock.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import random
 import warnings
 
 import pytest
+import simpy
 
-from core import EngineConfig, Workload
+from core import EngineConfig, Exponential, Request, Workload
 from serving_lab.manifest import EXAMPLE_MANIFEST, load_manifest
 from serving_lab.sweep import Sweep, parse_grid, run_sweep
 from serving_lab.sweep import pareto_front as sweep_front
-from sim import Simulator
+from sim import Cluster, Simulator
+from sim.router import ROUTERS, register_router
 
 # ---- E07.1: the Pareto front of a sweep -----------------------------------------------------------------
 
@@ -203,3 +206,63 @@ def test_e07_2_the_cheapest_plan_holds_in_the_simulator(impl, goodput_table):
     # and one replica's, from its simulated output throughput
     assert impl.cost_per_million_tokens(price, CONFIGS[plan["name"]][1], run.output_throughput) == pytest.approx(
         price * CONFIGS[plan["name"]][1] / (run.output_throughput * 3600) * 1e6)
+
+
+# ---- E07.3: a router plug-in ------------------------------------------------------------------------------
+
+def three_replicas():
+    cluster = Cluster("llama-3.1-8b", "h100-sxm", EngineConfig(max_num_seqs=64, max_num_batched_tokens=512),
+                      num_replicas=3)
+    env = simpy.Environment()
+    return cluster.fleet, [cluster.simulator.make_executor(env, f"replica{i}") for i in range(3)]
+
+
+def test_e07_3_counts_prompt_tokens_not_requests(impl):
+    fleet, replicas = three_replicas()
+    router = impl.LeastPendingPrefillRouter(fleet)
+    replicas[0].add_request(Request("long", [7] * 4000, max_tokens=4))
+    for i in range(3):
+        replicas[1].add_request(Request(f"short{i}", [7] * 100, max_tokens=4))
+    replicas[2].add_request(Request("mid", [7] * 1000, max_tokens=4))
+    assert router.route(Request("next", [7] * 10, max_tokens=1), replicas) is replicas[1]  # 300 < 1,000 < 4,000
+
+
+def test_e07_3_counts_only_what_is_left_to_prefill(impl):
+    fleet, replicas = three_replicas()
+    router = impl.LeastPendingPrefillRouter(fleet)
+    replicas[0].add_request(Request("chunked", [7] * 1200, max_tokens=4))
+    replicas[0].scheduler.schedule(0.0)  # a 512-token chunk is scheduled: 688 tokens left once it ran
+    replicas[0].scheduler.running[0].num_computed_tokens = 512
+    replicas[1].add_request(Request("waiting", [7] * 700, max_tokens=4))
+    replicas[2].add_request(Request("decoding", [7] * 2000, max_tokens=4))
+    replicas[2].scheduler.schedule(0.0)
+    replicas[2].scheduler.running[0].num_computed_tokens = 2003  # prompt done, three tokens decoded
+    assert router.route(Request("next", [7] * 10, max_tokens=1), replicas) is replicas[2]
+    assert router.route(Request("next", [7] * 10, max_tokens=1), replicas[:2]) is replicas[0]  # 688 < 700
+
+
+def test_e07_3_breaks_ties_by_requests_then_order(impl):
+    fleet, replicas = three_replicas()
+    router = impl.LeastPendingPrefillRouter(fleet)
+    assert router.route(Request("first", [7] * 10, max_tokens=1), replicas) is replicas[0]
+    for replica, n in zip(replicas, (2, 1, 1)):
+        for i in range(n):
+            request = Request(f"{replica.name}-{i}", [7] * 10, max_tokens=4)
+            replica.add_request(request)
+            replica.scheduler.schedule(0.0)
+            request.num_computed_tokens = 10  # prefilled: no pending tokens anywhere
+    assert router.route(Request("next", [7] * 10, max_tokens=1), replicas) is replicas[1]
+    assert router.route(Request("next", [7] * 10, max_tokens=1), replicas[::-1]) is replicas[2]
+
+
+def test_e07_3_as_a_plug_in_it_beats_least_loaded_on_prompts_that_differ_a_hundredfold(impl):
+    """Prompts exponential with mean 1,024 tokens (16 to 8,192), 80 requests/s on four H100 replicas."""
+    register_router("e07_3_least_pending_prefill")(impl.LeastPendingPrefillRouter)
+    try:
+        workload = Workload.synthetic(400, Exponential(1024, 8192, 16), Exponential(128, 512), arrival=80.0, seed=1)
+        config = EngineConfig(max_num_seqs=64, max_num_batched_tokens=512)
+        p99 = {router: Cluster("llama-3.1-8b", "h100-sxm", config, num_replicas=4, router=router).run(workload)
+               .p99_ttft_ms for router in ("least_loaded", "e07_3_least_pending_prefill")}
+    finally:
+        del ROUTERS["e07_3_least_pending_prefill"]
+    assert p99["e07_3_least_pending_prefill"] < 0.9 * p99["least_loaded"], p99

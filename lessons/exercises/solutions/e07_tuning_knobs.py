@@ -1,8 +1,9 @@
-"""Reference solutions of lesson 7's exercises (E07.1, E07.2). Try them yourself first.
+"""Reference solutions of lesson 7's exercises (E07.1, E07.2, E07.3). Try them yourself first.
 
 E07.1 is the sweep's own `pareto_front` (serving_lab/sweep.py). It turns every axis into "larger is better"
 by negating the columns to minimize, and it keeps a row unless some *different* key is >= on every axis.
 E07.2 is arithmetic on top of a sweep. The hard part is the inputs, and the rubric below grades them.
+E07.3 reads each replica's queue as a real router reads its replicas' metrics, and `min` breaks the ties.
 
 Rubric for E07.2 (design; 10 points). A written capacity plan for "serve Q requests/s of this workload at
 this SLO" gets:
@@ -31,9 +32,13 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from core.request import Request
 from serving_lab import sweep
+from sim.executor import SimulatedExecutor
+from sim.router import Fleet
 
-__all__ = ["cheapest_deployment", "cost_per_million_tokens", "pareto_front", "replicas_needed"]
+__all__ = ["LeastPendingPrefillRouter", "cheapest_deployment", "cost_per_million_tokens", "pareto_front",
+           "replicas_needed"]
 
 # a ratio within this of an integer is that integer (0.3 / 0.1 = 2.9999999999999996 must not need 3 replicas
 # one day and 4 replicas the next)
@@ -82,3 +87,20 @@ def cheapest_deployment(configs: Sequence[Mapping[str, Any]], qps: float, gpu_ho
         raise ValueError("no configuration meets the SLO at any rate (every goodput is 0 or NaN)")
     plan, _ = min(plans, key=lambda p: (p[0]["usd_per_hour"], -p[1]))
     return plan
+
+
+class LeastPendingPrefillRouter:
+    """E07.3: the fewest prompt tokens left to prefill, then the fewest outstanding requests, then the first."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def route(self, request: Request, replicas: Sequence[SimulatedExecutor]) -> SimulatedExecutor:
+        return min(replicas, key=lambda replica: (_pending_prefill(replica), replica.num_unfinished))
+
+
+def _pending_prefill(replica: SimulatedExecutor) -> int:
+    """Prompt tokens not yet computed over the replica's waiting and running requests."""
+    scheduler = replica.scheduler
+    return sum(max(0, r.num_prompt_tokens - r.num_computed_tokens)
+               for queue in (scheduler.waiting, scheduler.running) for r in queue)
