@@ -428,9 +428,62 @@ def add_report_parser(subparsers: Subparsers) -> None:
     p.set_defaults(func=_report)
 
 
+def _plan(args: argparse.Namespace) -> None:
+    from serving_lab.manifest import load_manifest, naming_keys
+    from serving_lab.pairing import format_table
+    from serving_lab.plan import PlanTarget, plan
+    from serving_lab.workload_spec import check_prompt_lengths, parse_workload
+    from sim.simulator import resolve_hardware
+
+    target = PlanTarget(args.slo_ttft_ms, args.slo_tpot_ms, args.usd_per_gpu_hour, args.attainment,
+                        args.max_replicas, args.router)
+    manifest = load_manifest(args.config, _overrides(args))
+    workload = parse_workload(args.workload)
+    check_prompt_lengths(workload, manifest.engine_config().max_model_len)
+    try:
+        sizes = [int(size) for size in args.tensor_parallel_sizes.split(",")]
+    except ValueError:
+        raise ValueError(f"--tensor-parallel-sizes {args.tensor_parallel_sizes!r}: give integers, e.g. 1,2,4") from None
+    with naming_keys():
+        hardware = resolve_hardware(args.hardware)
+        rows = plan(manifest, workload, hardware, target, sizes)
+    slo = (f"{target.attainment:.0%} of requests within TTFT <= {target.ttft_ms:g} ms and TPOT <= "
+           f"{target.tpot_ms:g} ms")
+    best = rows[0]
+    if not best["meets_slo"]:
+        print(f"no plan: no fleet of up to {target.max_replicas} replicas on {hardware.name} keeps {slo} "
+              f"(tensor parallel sizes {args.tensor_parallel_sizes})")
+    else:
+        print(f"plan: {best['replicas']} replica(s) x tensor parallel {best['tensor_parallel_size']} = {best['gpus']} "
+              f"GPU(s) of {hardware.name}, ${best['usd_per_hour']:g}/hour, ${best['usd_per_M_tokens']:g} per million "
+              f"output tokens at ${target.usd_per_gpu_hour:g} per GPU-hour; {best['attainment_%']}% within the SLO "
+              f"({slo}), router {target.router}, workload {args.workload}")
+    print(format_table(rows, list(rows[0])))
+
+
+def add_plan_parser(subparsers: Subparsers) -> None:
+    from serving_lab.workload_spec import WORKLOAD_SPEC
+
+    p = subparsers.add_parser("plan", help="the fewest replicas (and tensor-parallel degree) that meet SLOs on a "
+                              "workload, and the cost per million tokens, in the simulator")
+    p.add_argument("--config", metavar="MANIFEST", required=True, help="the deployment manifest (YAML)")
+    p.add_argument("--workload", metavar="SPEC", required=True,
+                   help=f"the whole fleet's traffic: {WORKLOAD_SPEC}, e.g. trace:azure-conv-2023:2000:40")
+    p.add_argument("--hardware", default=None, help="the GPU profile, e.g. h100-sxm (default: this machine's calibration)")
+    p.add_argument("--slo-ttft-ms", type=float, required=True)
+    p.add_argument("--slo-tpot-ms", type=float, required=True)
+    p.add_argument("--usd-per-gpu-hour", type=float, required=True, help="the price of one GPU-hour (your assumption)")
+    p.add_argument("--attainment", type=float, default=0.9, help="share of requests that must meet both SLOs")
+    p.add_argument("--tensor-parallel-sizes", default="1", help="degrees to try, comma-separated (default 1)")
+    p.add_argument("--max-replicas", type=int, default=16, help="the largest fleet tried per degree")
+    p.add_argument("--router", default="least_loaded", help="the fleet's router (sim/router.py's names)")
+    _add_override_flags(p)
+    p.set_defaults(func=_plan)
+
+
 DESCRIPTION = ("Serving Lab's command line: pull the default model, generate text, serve it over an OpenAI-compatible "
                "API, benchmark a server, run a lesson's demo, calibrate this machine's profile, and turn a deployment "
-               "manifest into a vllm serve command, a simulation, a sweep or a before/after report.")
+               "manifest into a vllm serve command, a simulation, a sweep, a capacity plan or a before/after report.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -439,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     for add_parser in (add_pull_parser, add_generate_parser, add_serve_parser, add_bench_parser,
                        add_calibrate_parser, add_demo_parser, add_manifest_parser, add_simulate_parser,
-                       add_sweep_parser, add_report_parser):
+                       add_sweep_parser, add_plan_parser, add_report_parser):
         add_parser(subparsers)
     return parser
 
