@@ -13,8 +13,11 @@ after that waits at the front door (Knative's activator) while a replica starts.
 A started replica serves only after its `ColdStart`, made of parts the simulator prices and the engine
 can measure one by one:
 - process start: container, interpreter, framework imports (a stated constant);
-- weight load: the replica's share of the weights / `load_bandwidth` (disk or network);
-- KV-pool allocation: the pool's bytes written once at the device's memory bandwidth;
+- weight load: the replica's share of the weights read and converted at `load_bandwidth` (disk or network),
+  into fresh memory written at the allocation rate (below);
+- KV-pool allocation: the pool's bytes written once, at `allocation_bandwidth` if given, else at the
+  device's memory bandwidth (on a CPU the first touch of fresh pages is far slower than the memory: the OS
+  maps and zeroes each 4 KiB page on its first write, so a CPU's rate is measured, benchmarks/cold_start.py);
 - compile: graph capture or torch.compile (a stated constant; 0 for an eager engine).
 
 Scaling down drains a replica: it takes no new request, finishes what it holds, then stops. No request is
@@ -52,10 +55,12 @@ class ColdStart:
     process_start_s: float = 0.0
     load_bandwidth: float = 2.0e9  # an assumption to state: a local NVMe disk reads a few GB/s
     compile_s: float = 0.0
+    allocation_bandwidth: float | None = None  # None: the device's memory bandwidth
 
     def __post_init__(self) -> None:
-        if self.process_start_s < 0 or self.compile_s < 0 or self.load_bandwidth <= 0:
-            raise ValueError(f"a cold start needs times >= 0 and load_bandwidth > 0, got {self}")
+        if self.process_start_s < 0 or self.compile_s < 0 or self.load_bandwidth <= 0 or (
+                self.allocation_bandwidth is not None and self.allocation_bandwidth <= 0):
+            raise ValueError(f"a cold start needs times >= 0 and bandwidths > 0, got {self}")
 
     def parts(self, simulator: Simulator) -> dict[str, float]:
         """Seconds of each part for one replica of `simulator` (per device: the devices start in parallel)."""
@@ -64,9 +69,10 @@ class ColdStart:
         pool_bytes = simulator.num_kv_blocks * device_block_bytes(
             simulator.arch, simulator.config.block_size, simulator.kv_cache_dtype,
             simulator.tensor_parallel_size, simulator.pipeline_parallel_size)
+        allocation = self.allocation_bandwidth or simulator.hardware.memory_bandwidth
         return {"process_start": self.process_start_s,
-                "weight_load": weight_bytes / self.load_bandwidth,
-                "kv_allocation": pool_bytes / simulator.hardware.memory_bandwidth,
+                "weight_load": weight_bytes / self.load_bandwidth + weight_bytes / allocation,
+                "kv_allocation": pool_bytes / allocation,
                 "compile": self.compile_s}
 
     def seconds(self, simulator: Simulator) -> float:

@@ -191,11 +191,14 @@ COLD = ColdStart(process_start_s=5.0, load_bandwidth=2e9, compile_s=1.0)
 def test_a_cold_start_is_its_priced_parts():
     simulator = Simulator(**GPU, config=CONFIG)
     parts = COLD.parts(simulator)
-    assert parts["weight_load"] == model_weight_bytes(simulator.arch, "bfloat16", simulator.hardware) / 2e9
+    weight_bytes = model_weight_bytes(simulator.arch, "bfloat16", simulator.hardware)
+    assert parts["weight_load"] == weight_bytes / 2e9 + weight_bytes / simulator.hardware.memory_bandwidth
     assert parts["kv_allocation"] == simulator.num_kv_blocks * device_block_bytes(
         simulator.arch, 16, simulator.kv_cache_dtype) / simulator.hardware.memory_bandwidth
     assert COLD.seconds(simulator) == pytest.approx(5.0 + 1.0 + parts["weight_load"] + parts["kv_allocation"])
     assert 8 < parts["weight_load"] < 8.1  # 16 GB of bf16 weights at 2 GB/s
+    slow_pages = replace(COLD, allocation_bandwidth=1e9).parts(simulator)["kv_allocation"]
+    assert slow_pages == pytest.approx(parts["kv_allocation"] * simulator.hardware.memory_bandwidth / 1e9)
 
 
 def test_after_scaling_to_zero_the_first_request_waits_exactly_the_cold_start():
@@ -244,7 +247,9 @@ def test_the_same_autoscaled_run_twice_gives_the_same_numbers():
 def test_bad_autoscaler_and_fleet_arguments_are_refused():
     with pytest.raises(ValueError, match="min_replicas <= initial_replicas <= max_replicas"):
         Autoscaler(min_replicas=3, max_replicas=2)
-    with pytest.raises(ValueError, match="load_bandwidth > 0"):
+    with pytest.raises(ValueError, match="bandwidths > 0"):
         ColdStart(load_bandwidth=0)
+    with pytest.raises(ValueError, match="bandwidths > 0"):
+        ColdStart(allocation_bandwidth=0)
     with pytest.raises(ValueError, match="give one fleet"):
         Cluster(**GPU, num_replicas=2, autoscaler=Autoscaler())
