@@ -253,3 +253,11 @@ def test_bad_autoscaler_and_fleet_arguments_are_refused():
         ColdStart(allocation_bandwidth=0)
     with pytest.raises(ValueError, match="give one fleet"):
         Cluster(**GPU, num_replicas=2, autoscaler=Autoscaler())
+
+
+@pytest.mark.parametrize("router", ["prefix_aware", "tenant_aware", "least_kv"])
+def test_a_disaggregated_fleet_routes_both_pools_with_any_router(router):
+    workload = shared_prefix_workload().with_tenant_mix({"a": 1, "b": 1})
+    run = Cluster(**GPU, config=CONFIG, num_prefill_replicas=2, num_decode_replicas=2, router=router).simulate(workload)
+    assert run.metrics.completed == len(workload) and run.metrics.failed == 0
+    assert sorted(run.replicas) == ["decode0", "decode1", "prefill0", "prefill1"]
