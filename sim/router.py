@@ -121,8 +121,8 @@ class LeastKVRouter:
 
 @register_router("prefix_aware")
 class PrefixAwareRouter:
-    """Longest routed prefix wins, within the two guards (module docstring). `decisions` records, per
-    request id, the replica's name and how many leading blocks of the index matched (what tests check)."""
+    """Longest routed prefix wins, within the two guards (module docstring). `last_decision`: the replica
+    the last request went to and how many of its leading blocks that replica's index held."""
 
     isolate_tenants = False
     cache_threshold = 0.5  # the fraction of a prompt's full blocks a match must cover to count
@@ -131,7 +131,7 @@ class PrefixAwareRouter:
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
         self._index: dict[str, OrderedDict[BlockHash, None]] = {}  # replica name -> routed block hashes, LRU
-        self.decisions: dict[str, tuple[str, int]] = {}
+        self.last_decision: tuple[str, int] | None = None
 
     def chain(self, request: Request) -> list[BlockHash]:
         """The prompt's full blocks as a hash chain, keyed by the tenant only if this router isolates them."""
@@ -152,7 +152,7 @@ class PrefixAwareRouter:
         if best_match < self.cache_threshold * len(chain):
             best, best_match = fallback, self._match(self._index.get(fallback.name), chain)
         self._remember(best.name, chain)
-        self.decisions[request.request_id] = (best.name, best_match)
+        self.last_decision = (best.name, best_match)
         return best
 
     @staticmethod

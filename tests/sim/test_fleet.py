@@ -105,7 +105,7 @@ def routed_with_other_tenants_prefix(router_name: str, workload: Workload, num_r
     replicas = [cluster.simulator.make_executor(env, f"replica{i}") for i in range(num_replicas)]
     for request in workload.make_requests(cluster.simulator.arch.vocab_size):
         replica = router.route(request, replicas)
-        name, match = router.decisions[request.request_id]
+        name, match = router.last_decision
         prefix = tuple(request.prompt_token_ids[:match * block])
         if match and request.tenant not in sent.get(name, {}).get(prefix, set()):
             offenders.append(request.request_id)
