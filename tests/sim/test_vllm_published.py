@@ -1,0 +1,66 @@
+"""vLLM's published measurements (benchmarks/vllm_published_rows.json): the rows are well-formed, and one small
+row still simulates to the number benchmarks/RESULTS.md states. The errors themselves are reported there (a
+held-out check), not asserted."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmarks.vllm_published import (
+    RESULTS_PATH,
+    ROWS_PATH,
+    SERVED_METRICS,
+    TABLE_END,
+    TABLE_START,
+    load,
+    simulate,
+)
+from core.arch_config import KNOWN_MODELS, ArchConfig
+from core.config import EngineConfig
+from sim.hardware import BUILTIN_PROFILES
+
+RAW = json.loads(ROWS_PATH.read_text())["rows"]
+METRICS = {"mean_latency_ms", *SERVED_METRICS}
+SMALL_ROW = "vllm-main-2024-10/llama-3.1-8b/h200/bf16/tp1/latency-bs8-32-128/mean_latency_ms"  # 8 x 128 tokens
+
+
+def test_every_row_names_its_source_version_gpu_and_model():
+    assert len(RAW) >= 5
+    assert len({r["id"] for r in RAW}) == len(RAW)
+    for r in RAW:
+        assert r["source"].strip() and r["version"].strip() and r["date"][:2] == "20", r["id"]
+        assert "vLLM" in r["version"] or "vllm" in r["version"], r["id"]
+        assert r["fit"] is False, r["id"]  # held out: nothing here is fitted
+        assert r["metric"] in METRICS and r["value"] > 0, r["id"]
+        s = r["setup"]
+        assert s["gpu"] in BUILTIN_PROFILES and s["model"] in KNOWN_MODELS, r["id"]
+        assert s["mode"] in ("latency", "served"), r["id"]
+        assert (s["mode"] == "latency") == (r["metric"] == "mean_latency_ms"), r["id"]
+        config = EngineConfig(**s["engine"])  # the knobs are EngineConfig's, and valid
+        assert config.max_model_len <= ArchConfig.named(s["model"]).max_position_embeddings, r["id"]
+        assert s["input_len"] + s["output_len"] <= config.max_model_len, r["id"]
+
+
+def test_fitted_line_rows_are_the_published_line_at_their_input_length():
+    for r in (r for r in RAW if "published" in r):
+        line = r["published"]
+        expected = line["itl_intercept_ms"] + line["itl_slope_ms_per_token"] * r["setup"]["input_len"]
+        assert r["value"] == pytest.approx(expected, abs=1e-4), r["id"]
+
+
+def results_table_value(row_id: str) -> float:
+    section = RESULTS_PATH.read_text().split(TABLE_START, 1)[1].split(TABLE_END, 1)[0]
+    line = next(line for line in section.splitlines() if line.startswith(f"| {row_id} "))
+    return float(line.split("|")[6].replace(",", ""))  # | row | vLLM | setup | metric | published | simulated |
+
+
+def significant(x: float, digits: int = 3) -> float:
+    return round(x, digits - 1 - math.floor(math.log10(abs(x))))
+
+
+def test_a_small_row_simulates_to_the_results_table():
+    row = next(r for r in load() if r.id == SMALL_ROW)
+    assert significant(simulate(row)) == significant(results_table_value(SMALL_ROW))
