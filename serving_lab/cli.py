@@ -272,7 +272,7 @@ def _simulate(args: argparse.Namespace) -> None:
     with naming_keys():
         deployment = manifest.simulator_kwargs(priced)  # an unknown model is named before any word on calibration
         hardware = resolve_hardware(args.hardware)
-        simulator = Simulator(hardware=hardware, acceptance=acceptance, **deployment)
+        simulator = Simulator(hardware=hardware, acceptance=acceptance, engine=args.engine, **deployment)
         check_prompt_lengths(workload, simulator.config.max_model_len)
         if args.dashboard:
             from serving_lab.dashboard_replay import serve_replay
@@ -332,6 +332,9 @@ def add_simulate_parser(subparsers: Subparsers) -> None:
     p.add_argument("--acceptance-rate", type=float, default=None,
                    help="with speculative decoding: the chance each draft token is accepted (without it the "
                    "drafts are left out of the price, and the output says so)")
+    p.add_argument("--engine", default=None, choices=["vllm"],
+                   help="add an engine's own CPU time per step to a GPU profile's price (vllm: vLLM V1's, fitted on "
+                   "its published rows; default: none, the profile as fitted)")
     p.add_argument("--dashboard", action="store_true",
                    help="then replay the run on the live dashboard's page (http://HOST:PORT/dashboard) until Ctrl-C")
     p.add_argument("--speed", type=float, default=None,

@@ -113,14 +113,17 @@ class ShapePricer(Protocol):
 
 class CostModelTimer:
     """Prices each step with a `CostModel` (or any `ShapePricer`): the batch shape the scheduler chose, plus the
-    KV blocks its plan swaps or copies (`copy_time`)."""
+    KV blocks its plan swaps or copies (`copy_time`), plus an engine's own CPU time per step
+    (`engine_step_s`, sim/engine_profile.py)."""
 
-    def __init__(self, cost_model: ShapePricer) -> None:
+    def __init__(self, cost_model: ShapePricer, engine_step_s: float = 0.0) -> None:
         self.cost_model = cost_model
+        self.engine_step_s = engine_step_s
 
     def step_time(self, output: SchedulerOutput) -> float:
         query_lens, context_lens = output.batch_shape
         seconds = self.cost_model.step_time(BatchShape(query_lens, context_lens, num_logit_rows=output.num_logit_rows))
+        seconds += self.engine_step_s
         if output.swap_out or output.swap_in or output.copy_blocks:
             seconds += self.copy_time(output)
         return seconds

@@ -23,6 +23,9 @@ keyword. Defaults
 - front end: `frontend_latency_s` (default 0) is the per-request time a server spends before the engine
   sees a request (HTTP, tokenization): the request reaches the scheduler that long after it arrives, so
   TTFT and end-to-end latency include it, as a client of `vllm serve` measures them.
+- engine: `engine=None` prices the device's work as the hardware profile was fitted or calibrated (with that
+  engine's own per-step costs inside); `engine="vllm"` adds vLLM V1's CPU time per step
+  (sim/engine_profile.py), fitted on vLLM's published rows.
 
 Speculative decoding (`config.speculative_method`): pass an `acceptance` model (sim/spec_decode.py: a
 rate per draft position, or the engine's counts replayed); a draft model's passes are priced on its own
@@ -59,6 +62,7 @@ from core.metrics import RunMetrics
 from core.scheduler import make_scheduler
 from core.workload import Workload
 from sim.cost_model import CostModel, activation_dtype, default_kv_cache_dtype, model_weight_bytes
+from sim.engine_profile import EngineProfile, resolve_engine
 from sim.executor import CostModelTimer, SimulatedExecutor, StepObserver, StepTimer, feed_arrivals
 from sim.hardware import DEFAULT_CPU_PROFILE, HardwareProfile, dtype_bytes, load_calibrated_profile
 from sim.pipeline import PipelineCostModel
@@ -129,6 +133,7 @@ class SimulatorOptions:
     step_timer: StepTimer | None = None  # None: the cost model's prices (`CostModelTimer`)
     acceptance: AcceptanceModel | None = None  # simulated speculation (needs `config.speculative_method`)
     draft_arch: ArchConfig | str | None = None  # the draft model's dims (None: from `speculative_model`)
+    engine: str | EngineProfile | None = None  # an engine's CPU time per step (sim/engine_profile.py); None: none
 
     def __post_init__(self) -> None:
         if self.frontend_latency_s < 0:
@@ -168,7 +173,12 @@ class Simulator:
             pipeline_parallel_size=pipeline_parallel_size)
         self.config = with_swap_pool(self.config, device_block_bytes(
             self.arch, self.config.block_size, self.kv_cache_dtype, tensor_parallel_size, pipeline_parallel_size))
-        self.step_timer = opts.step_timer if opts.step_timer is not None else CostModelTimer(self.cost_model)
+        self.engine = resolve_engine(opts.engine)
+        engine_step_s = self.engine.step_overhead_s if self.engine is not None else 0.0
+        if opts.step_timer is not None and self.engine is not None:
+            raise ValueError("an engine profile prices steps: give it or a step_timer, not both")
+        self.step_timer = opts.step_timer if opts.step_timer is not None else CostModelTimer(self.cost_model,
+                                                                                             engine_step_s)
         acceptance = opts.acceptance
         if (self.config.speculative_method is None) != (acceptance is None):
             raise ValueError("an acceptance model simulates speculative decoding, so it goes with "

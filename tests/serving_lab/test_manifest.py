@@ -616,3 +616,12 @@ def test_simulate_prints_per_tenant_rows_that_fairness_changes(tmp_path, capsys)
     fcfs = run_cli([*argv, "--config", str(with_tenants(tmp_path, {"a": {}, "b": {}}, fairness="none"))], capsys)
     # first come, first served hands b its traffic's quarter; equal weights hand it about half
     assert tenant_shares(fcfs)["b"] < 35 < 40 < tenant_shares(fair)["b"]
+
+
+def test_simulate_with_vllms_engine_profile_adds_its_step_time(capsys):
+    base = ["simulate", "--config", str(EXAMPLE_MANIFEST), "--workload", "synthetic:8:64:16", "--hardware", "h100-sxm"]
+    itl = {}
+    for extra in ([], ["--engine", "vllm"]):
+        out = run_cli(base + extra, capsys)
+        itl[bool(extra)] = float(next(line for line in out.splitlines() if "inter_token_latency" in line).split()[2])
+    assert itl[True] - itl[False] == pytest.approx(1.15, abs=0.01)  # ms: sim/engine_profile.py's constant

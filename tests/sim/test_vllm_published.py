@@ -1,6 +1,7 @@
-"""vLLM's published measurements (benchmarks/vllm_published_rows.json): the rows are well-formed, and one small
-row still simulates to the number benchmarks/RESULTS.md states. The errors themselves are reported there (a
-held-out check), not asserted."""
+"""vLLM's published measurements (benchmarks/vllm_published_rows.json): the rows are well-formed, one small row
+still simulates to the number benchmarks/RESULTS.md states, and vLLM's engine profile (sim/engine_profile.py) is
+the constant its two fit rows give and adds exactly that to every step. The errors themselves are reported
+there (a held-out check), not asserted."""
 
 from __future__ import annotations
 
@@ -15,12 +16,17 @@ from benchmarks.vllm_published import (
     SERVED_METRICS,
     TABLE_END,
     TABLE_START,
+    engine_fit_ids,
+    fit_engine_step_s,
     load,
     simulate,
 )
 from core.arch_config import KNOWN_MODELS, ArchConfig
 from core.config import EngineConfig
+from core.workload import Workload
+from sim.engine_profile import ENGINE_PROFILES
 from sim.hardware import BUILTIN_PROFILES
+from sim.simulator import Simulator
 
 RAW = json.loads(ROWS_PATH.read_text())["rows"]
 METRICS = {"mean_latency_ms", *SERVED_METRICS}
@@ -64,3 +70,22 @@ def significant(x: float, digits: int = 3) -> float:
 def test_a_small_row_simulates_to_the_results_table():
     row = next(r for r in load() if r.id == SMALL_ROW)
     assert significant(simulate(row)) == significant(results_table_value(SMALL_ROW))
+
+
+# ---- vLLM's engine profile: one constant, fitted on two rows, reproducible from them ----
+
+def test_the_engine_profile_is_fitted_on_two_short_context_h100_rows_and_reproduces_from_them():
+    fit = engine_fit_ids()
+    assert len(fit) == 2 and all("/h100-sxm/" in i and "/c1-256-128/" in i and i.startswith("vllm-0.19.1/") for i in fit)
+    assert all(r["setup"].get("engine_profile") == "vllm" for r in RAW if r["id"].startswith("vllm-0.19.1/"))
+    assert significant(ENGINE_PROFILES["vllm"].step_overhead_s, 4) == significant(fit_engine_step_s(), 4)
+
+
+def test_an_engine_profile_adds_its_overhead_to_every_step():
+    workload = Workload.synthetic(3, 64, 8)
+    plain, vllm = (Simulator("llama-3.1-8b", "h100-sxm", EngineConfig(), engine=e).run(workload) for e in (None, "vllm"))
+    overhead = ENGINE_PROFILES["vllm"].step_overhead_s
+    assert [s.duration - overhead for s in vllm.steps] == pytest.approx([s.duration for s in plain.steps], abs=1e-12)
+    assert repr([s.query_lens for s in vllm.steps]) == repr([s.query_lens for s in plain.steps])  # same schedule
+    with pytest.raises(ValueError, match="unknown engine profile 'sglang'; known: vllm"):
+        Simulator("llama-3.1-8b", "h100-sxm", engine="sglang")
