@@ -115,7 +115,7 @@ class LeastKVRouter:
         pass
 
     def route(self, request: Request, replicas: Sequence[SimulatedExecutor]) -> SimulatedExecutor:
-        return min(replicas, key=lambda replica: (replica.scheduler.kv_cache_manager.usage,
+        return min(replicas, key=lambda replica: (replica.scheduler.make_stats().kv_cache_usage,
                                                   replica.num_unfinished))
 
 

@@ -78,9 +78,10 @@ class LeastPendingPrefillRouter:
     """E07.3 (implement): a router plug-in (sim/router.py) that sends each request to the replica with the
     fewest prompt tokens still to prefill.
 
-    A replica's pending prefill is the sum, over the requests waiting or running there
-    (`replica.scheduler.waiting` and `replica.scheduler.running`), of each one's prompt tokens not yet
-    computed: `num_prompt_tokens - num_computed_tokens`, or 0 once that is negative (a decoding request).
+    A replica's pending prefill is the sum, over the requests waiting or running there (the ids
+    `replica.scheduler.unfinished_request_ids()`, each request `replica.scheduler.get_request(id)`: the
+    scheduler's interface, as a router in front of a real engine would ask it), of each one's prompt tokens not
+    yet computed: `num_prompt_tokens - num_computed_tokens`, or 0 once that is negative (a decoding request).
     Ties go to the replica with the fewest outstanding requests (`replica.num_unfinished`), then to the first
     in `replicas`. A request count treats a 50-token and an 8,000-token prompt alike; this counts the work that
     delays the next request's first token.

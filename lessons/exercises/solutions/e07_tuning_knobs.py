@@ -102,5 +102,5 @@ class LeastPendingPrefillRouter:
 def _pending_prefill(replica: SimulatedExecutor) -> int:
     """Prompt tokens not yet computed over the replica's waiting and running requests."""
     scheduler = replica.scheduler
-    return sum(max(0, r.num_prompt_tokens - r.num_computed_tokens)
-               for queue in (scheduler.waiting, scheduler.running) for r in queue)
+    requests = (scheduler.get_request(request_id) for request_id in scheduler.unfinished_request_ids())
+    return sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in requests)
