@@ -81,6 +81,7 @@ class WorkloadRequest:
     system_len: int = 0  # the first `system_len` prompt tokens: the system prompt, one stream for all requests
     priority: int = 0  # scheduling_policy="priority": lower runs first
     passage_len: int = 0  # > 0: the prompt is one random passage of this many tokens, repeated (`Workload.copying`)
+    user: str | None = None  # the client's label (OpenAI's `user`): a session for a router's affinity
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,14 @@ class Workload:
         return replace(self, requests=tuple(replace(r, tenant=t) for r, t in zip(self.requests, tenants)),
                        name=f"{self.name}@{mix}")
 
+    def with_sessions(self) -> Workload:
+        """The same requests, each labelled with its conversation (`user` = "session-<prefix group>"; requests
+        of no prefix group get none), as a client sends a conversation id: a session-affinity router keeps a
+        conversation on one replica. Opt-in, because the fair policy groups tenant-less requests by `user`."""
+        return replace(self, requests=tuple(replace(r, user=None if r.prefix_group is None else
+                                                    f"session-{r.prefix_group}") for r in self.requests),
+                       name=f"{self.name}@sessions")
+
     def delayed(self, seconds: float) -> Workload:
         """The same requests, each arriving `seconds` later: phases of a day composed with `+` (a spike
         at minute 2 of a quiet stream)."""
@@ -311,7 +320,7 @@ class Workload:
                 ids = prefix + rng.choices(range(low, vocab_size), k=w.prompt_len - len(prefix))
             out.append(Request(request_id=str(i), prompt_token_ids=ids, max_tokens=w.output_len,
                                arrival_time=w.arrival_time, eos_token_ids=eos_token_ids, ignore_eos=True,
-                               tenant=w.tenant, cache_salt=w.cache_salt, priority=w.priority))
+                               tenant=w.tenant, cache_salt=w.cache_salt, priority=w.priority, user=w.user))
         return out
 
 

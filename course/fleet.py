@@ -1,7 +1,8 @@
 """Lesson 7, from one replica to a fleet: routers compared on shared prefixes, and an autoscaler under a spike.
 
-- `router_comparison`: one multi-tenant, shared-prefix workload on four replicas behind each router:
-  prefix-cache hit rate, TTFT, throughput and how evenly the replicas were loaded;
+- `router_comparison`: one workload on four replicas behind each router: prefix-cache hit rate, TTFT,
+  throughput and how evenly the replicas were loaded; on `shared_prefix_tenants` (documents asked by two
+  tenants) and on `chat_sessions` (multi-turn conversations behind one system prompt);
 - `spike_workload` and `autoscaling`: a quiet stream with a one-minute spike and a late request after a long
   lull, served by fixed fleets and by autoscaled ones (with and without scale to zero): TTFT tail, the late
   requests' wait, cold starts, GPU-hours and cost per million output tokens;
@@ -24,6 +25,7 @@ from sim.cluster import Cluster, ClusterRun
 
 MODEL = "llama-3.1-8b"
 ROUTERS = ("round_robin", "least_loaded", "least_kv", "prefix_aware", "tenant_aware")
+CHAT_ROUTERS = ("round_robin", "least_loaded", "prefix_aware", "session_affinity")
 # Assumed, and stated in the lesson: a process that starts and imports its framework in 15 s, weights read
 # from a local NVMe disk at 2 GB/s, an eager engine (nothing to compile).
 COLD_START = ColdStart(process_start_s=15.0, load_bandwidth=2.0e9, compile_s=0.0)
@@ -34,6 +36,12 @@ def shared_prefix_tenants(rate: float = 60.0, seed: int = 0) -> Workload:
     interleaved at `rate` requests/s and sent by two tenants in turn, so each document is asked by both."""
     return Workload.shared_prefix(13, 12, prefix_len=2048, suffix_len=(32, 256), output_len=128, arrival=rate,
                                   seed=seed).with_tenant_mix({"a": 1, "b": 1})
+
+
+def chat_sessions(rate: float = 20.0, seed: int = 0) -> Workload:
+    """50 conversations of 4 turns behind one 256-token system prompt (256-token messages, 128-token replies),
+    turn by turn at `rate` requests/s, each request labelled with its conversation (`with_sessions`)."""
+    return Workload.chat(50, 4, system_len=256, user_len=256, output_len=128, arrival=rate, seed=seed).with_sessions()
 
 
 def router_comparison(workload: Workload, hardware: str = "h100-sxm", num_replicas: int = 4,

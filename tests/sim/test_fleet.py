@@ -261,3 +261,17 @@ def test_a_disaggregated_fleet_routes_both_pools_with_any_router(router):
     run = Cluster(**GPU, config=CONFIG, num_prefill_replicas=2, num_decode_replicas=2, router=router).simulate(workload)
     assert run.metrics.completed == len(workload) and run.metrics.failed == 0
     assert sorted(run.replicas) == ["decode0", "decode1", "prefill0", "prefill1"]
+
+
+def test_session_affinity_keeps_conversations_whole_where_prefix_routing_piles_onto_one_replica():
+    """Lesson 7's chat table: a shared system prompt is half of every first turn."""
+    workload = Workload.chat(50, 4, system_len=256, user_len=256, output_len=128, arrival=20.0).with_sessions()
+    assert {r.user for r in workload.requests} == {f"session-{c}" for c in range(50)}
+    runs = {router: Cluster(**GPU, config=EngineConfig(max_num_seqs=128, max_num_batched_tokens=2048),
+                            num_replicas=4, router=router).simulate(workload)
+            for router in ("round_robin", "prefix_aware", "session_affinity")}
+    rates = {router: run.metrics.prefix_cache_hit_rate for router, run in runs.items()}
+    assert rates["session_affinity"] > rates["prefix_aware"] > rates["round_robin"]
+    served = {router: [m.completed for m in run.replicas.values()] for router, run in runs.items()}
+    assert max(served["session_affinity"]) - min(served["session_affinity"]) <= 12
+    assert max(served["prefix_aware"]) > 100  # the hot spot the load guard lets through
