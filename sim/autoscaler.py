@@ -7,8 +7,9 @@ a replica) and wants ceil(count / target) replicas, clamped to [min_replicas, ma
 once and down only after wanting fewer for `scale_down_delay_s` without a break, and then to the most it
 wanted in that window (so a lull between bursts does not throw warm replicas away, and a trickle of requests
 that leaves the fleet empty at most ticks does not scale it to zero). Knative also averages the count over
-a window and has a "panic" mode for sudden bursts; this policy reads the count as it is at each tick. With `min_replicas=0` the fleet scales to zero; the first request
-after that waits at the front door (Knative's activator) while a replica starts.
+a window and has a "panic" mode for sudden bursts; this policy reads the count as it is at each tick. With
+`min_replicas=0` the fleet scales to zero; the first request after that waits at the front door (Knative's
+activator) while a replica starts.
 
 A started replica serves only after its `ColdStart`, made of parts the simulator prices and the engine
 can measure one by one:
