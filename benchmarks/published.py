@@ -376,15 +376,21 @@ def summary(results: list[tuple[Row, float]]) -> str:
     return "\n".join(out)
 
 
-def write_results(text: str) -> None:
-    results = RESULTS_PATH.read_text()
-    if TABLE_START in results:
-        head, rest = results.split(TABLE_START, 1)
-        tail = rest.split(TABLE_END, 1)[1]
-        results = head + TABLE_START + "\n" + text + "\n" + TABLE_END + tail
+def write_marked_table(path: Path, start: str, end: str, text: str, new_section: str) -> None:
+    """Put `text` between the `start` and `end` markers of `path`, or, where they are absent, append
+    `new_section` (which holds them): a rerun replaces its own table and nothing else."""
+    results = path.read_text()
+    if start in results:
+        head, rest = results.split(start, 1)
+        results = head + start + "\n" + text + "\n" + end + rest.split(end, 1)[1]
     else:
-        results += f"\n## The simulator against published measurements (issue 15)\n\n{TABLE_START}\n{text}\n{TABLE_END}\n"
-    RESULTS_PATH.write_text(results)
+        results = results.rstrip("\n") + "\n\n" + new_section
+    path.write_text(results)
+
+
+def write_results(text: str) -> None:
+    write_marked_table(RESULTS_PATH, TABLE_START, TABLE_END, text,
+                       f"## The simulator against published measurements (issue 15)\n\n{TABLE_START}\n{text}\n{TABLE_END}\n")
 
 
 def main(argv: list[str] | None = None) -> None:

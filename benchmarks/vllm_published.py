@@ -53,7 +53,7 @@ import sys
 from functools import cache
 from pathlib import Path
 
-from benchmarks.published import WITHIN, Row, frontend_latency_for, load_rows, summary
+from benchmarks.published import WITHIN, Row, frontend_latency_for, load_rows, summary, write_marked_table
 from core.config import EngineConfig
 from core.metrics import RunMetrics
 from core.workload import Workload
@@ -257,14 +257,7 @@ def section(text: str) -> str:
 
 
 def write_results(text: str) -> None:
-    results = RESULTS_PATH.read_text()
-    if TABLE_START in results:
-        head, rest = results.split(TABLE_START, 1)
-        tail = rest.split(TABLE_END, 1)[1]
-        results = head + TABLE_START + "\n" + text + "\n" + TABLE_END + tail
-    else:
-        results = results.rstrip("\n") + "\n\n" + section(text)
-    RESULTS_PATH.write_text(results)
+    write_marked_table(RESULTS_PATH, TABLE_START, TABLE_END, text, section(text))
 
 
 def main(argv: list[str] | None = None) -> None:
