@@ -49,7 +49,7 @@ class PlanTarget:
 def candidate(simulator: Simulator, replicas: int, workload: Workload, target: PlanTarget) -> dict[str, Any]:
     """One fleet simulated: its size, attainment, tails and price."""
     run = Cluster(simulators=[simulator] * replicas, router=target.router).simulate(workload)
-    gpus = replicas * simulator.tensor_parallel_size
+    gpus = replicas * simulator.num_devices
     attainment = run.metrics.slo_attainment(target.ttft_ms, target.tpot_ms)
     return {"tensor_parallel_size": simulator.tensor_parallel_size, "replicas": replicas, "gpus": gpus,
             "attainment_%": round(100 * attainment, 1), "meets_slo": attainment >= target.attainment,

@@ -65,8 +65,7 @@ class ColdStart:
 
     def parts(self, simulator: Simulator) -> dict[str, float]:
         """Seconds of each part for one replica of `simulator` (per device: the devices start in parallel)."""
-        devices = simulator.tensor_parallel_size * simulator.pipeline_parallel_size
-        weight_bytes = model_weight_bytes(simulator.arch, simulator.dtype, simulator.hardware) / devices
+        weight_bytes = model_weight_bytes(simulator.arch, simulator.dtype, simulator.hardware) / simulator.num_devices
         pool_bytes = simulator.num_kv_blocks * device_block_bytes(
             simulator.arch, simulator.config.block_size, simulator.kv_cache_dtype,
             simulator.tensor_parallel_size, simulator.pipeline_parallel_size)
@@ -142,7 +141,6 @@ class AutoscaledFleet:
         self._num_undelivered = num_requests  # requests not yet handed to a replica (or refused)
         self._below_since: float | None = None  # when the autoscaler began wanting fewer replicas
         self._window_max = 0  # the most it wanted since then: what it scales down to
-        self._devices = simulator.tensor_parallel_size * simulator.pipeline_parallel_size
         for _ in range(autoscaler.starting_replicas):
             self.serving.append(self._new_replica())
         self._record()
@@ -240,7 +238,7 @@ class AutoscaledFleet:
         return replica
 
     def _stop(self, replica: SimulatedExecutor) -> None:
-        self.timeline.gpu_seconds += (self.env.now - self._started_at.pop(replica.name)) * self._devices
+        self.timeline.gpu_seconds += (self.env.now - self._started_at.pop(replica.name)) * self.simulator.num_devices
 
     def _record(self) -> None:
         self.timeline.changes.append((self.env.now, len(self.starting), len(self.serving), len(self.draining)))

@@ -90,6 +90,11 @@ def decode_request(request: Request, prefill: Request) -> Request:
 
 # ---- the cluster -----------------------------------------------------------------------------------
 
+def served_and_refused(replicas: Sequence[SimulatedExecutor]) -> tuple[list[Request], int]:
+    """Every request colocated replicas accepted, and how many they refused."""
+    return [r for replica in replicas for r in replica.requests], sum(replica.num_refused for replica in replicas)
+
+
 @dataclass
 class ClusterRun:
     """What `Cluster.simulate` returns: end-to-end metrics, each replica's own (by replica name), the
@@ -177,8 +182,7 @@ class Cluster:
             env.run()
             timeline = fleet.close()
             replicas = fleet.replicas
-            served = [r for replica in replicas for r in replica.requests]
-            num_failed = sum(replica.num_refused for replica in replicas)
+            served, num_failed = served_and_refused(replicas)
         else:
             served, num_failed, replicas = self._run_colocated(env, requests, router)
         # one step log, by start time; sorted() is stable, so simultaneous steps keep replica order
@@ -188,8 +192,8 @@ class Cluster:
         return ClusterRun(metrics, {r.name: r.metrics() for r in replicas}, gpu_seconds, timeline)
 
     def _devices(self, replicas: list[SimulatedExecutor]) -> int:
-        per_replica = [s.tensor_parallel_size * s.pipeline_parallel_size for s in self.simulators]
-        return sum(per_replica[i % len(per_replica)] for i in range(len(replicas)))
+        """Devices of a static fleet, replica i made from simulator i mod n as `_new_pool` makes it."""
+        return sum(self.simulators[i % len(self.simulators)].num_devices for i in range(len(replicas)))
 
     def _new_pool(self, env: simpy.Environment, role: str, size: int) -> list[SimulatedExecutor]:
         return [self.simulators[i % len(self.simulators)].make_executor(env, f"{role}{i}") for i in range(size)]
@@ -200,8 +204,8 @@ class Cluster:
         env.process(feed_arrivals(env, requests,
                                   lambda request: router.route(request, replicas).add_request(request)))
         env.run()
-        served = [r for replica in replicas for r in replica.requests]
-        return served, sum(replica.num_refused for replica in replicas), replicas
+        served, num_failed = served_and_refused(replicas)
+        return served, num_failed, replicas
 
     def _run_disaggregated(self, env: simpy.Environment, requests: list[Request]
                            ) -> tuple[list[Request], int, list[SimulatedExecutor]]:

@@ -143,16 +143,14 @@ class PrefixAwareRouter:
 
     def route(self, request: Request, replicas: Sequence[SimulatedExecutor]) -> SimulatedExecutor:
         chain = self.chain(request)
+        match = {replica.name: self._match(self._index.get(replica.name), chain) for replica in replicas}
         fallback = least_loaded(replicas)
-        best, best_match = fallback, 0
-        for replica in replicas:
-            match = self._match(self._index.get(replica.name), chain)
-            if match > best_match and replica.num_unfinished <= fallback.num_unfinished + self.balance_slack:
-                best, best_match = replica, match
-        if best_match < self.cache_threshold * len(chain):
-            best, best_match = fallback, self._match(self._index.get(fallback.name), chain)
+        limit = fallback.num_unfinished + self.balance_slack
+        best = max((r for r in replicas if r.num_unfinished <= limit), key=lambda r: match[r.name])  # first of equals
+        if not match[best.name] or match[best.name] < self.cache_threshold * len(chain):
+            best = fallback
         self._remember(best.name, chain)
-        self.last_decision = (best.name, best_match)
+        self.last_decision = (best.name, match[best.name])
         return best
 
     @staticmethod

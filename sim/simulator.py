@@ -190,6 +190,11 @@ class Simulator:
             self.step_timer = DraftCostTimer(self.step_timer, CostModel(
                 self.draft_arch, self.hardware, dtype, tensor_parallel_size, block_size=self.config.block_size))
 
+    @property
+    def num_devices(self) -> int:
+        """Devices one replica occupies: tensor x pipeline parallel ranks (what a GPU-hour bill counts)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
     def _draft_arch(self, draft_arch: ArchConfig | str | None) -> ArchConfig:
         if draft_arch is not None:
             return resolve_model(draft_arch)

@@ -223,7 +223,7 @@ def test_an_autoscaled_fleet_stays_in_bounds_and_loses_no_request_while_draining
     max_replicas = max(1, min_replicas) + extra
     burst = Workload.synthetic(80, (16, 300), Exponential(48, 200), arrival=80.0, seed=seed)
     later = Workload.synthetic(40, (16, 300), Exponential(48, 200), arrival=80.0, seed=seed + 1)
-    later = replace(later, requests=tuple(replace(r, arrival_time=r.arrival_time + 120.0) for r in later.requests))
+    later = later.delayed(120.0)
     policy = Autoscaler(target_concurrency=8, min_replicas=min_replicas, max_replicas=max_replicas,
                         scale_down_delay_s=10.0, cold_start=COLD)
     run = Cluster(**GPU, config=CONFIG, autoscaler=policy).simulate(burst + later)
