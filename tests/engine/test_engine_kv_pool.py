@@ -15,6 +15,9 @@ from ref_engine.worker import parameter_bytes
 from sim.hardware import HardwareProfile
 from sim.simulator import Simulator, num_kv_blocks_for
 
+pytestmark = pytest.mark.cpu_only(reason="a CPU engine: its fixed pool, and the GPU path with torch's memory "
+                                         "queries faked around it")
+
 
 @pytest.fixture(scope="module")
 def engine(make_tiny_hf_model):
