@@ -33,11 +33,14 @@ def isolated_cache(tmp_path_factory):
 FIT_BOUND = calibration.MAX_FIT_MEAN_ERROR_PCT
 
 
-@pytest.fixture(autouse=True)
-def no_fit_bound(monkeypatch):
+@pytest.fixture(scope="module", autouse=True)
+def no_fit_bound():
     """No bound on the fit's error, but in the tests of the bound: the tiny model's grid runs for real on a
-    shared machine (a neighbour can push its fit past the bound) while each test fakes a steady one."""
-    monkeypatch.setattr(calibration, "MAX_FIT_MEAN_ERROR_PCT", float("inf"))
+    shared machine (a neighbour can push its fit past the bound) while each test fakes a steady one. Module
+    scoped, so that it holds for the module's calibration fixtures too."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(calibration, "MAX_FIT_MEAN_ERROR_PCT", float("inf"))
+        yield
 
 
 # The link the fake all-reduce measurement times: world size -> (latency s, bus bandwidth bytes/s).
@@ -176,14 +179,23 @@ def _fake_cuda(monkeypatch, tiny, measured: dict):
 
     gpu = torch.device("cuda", 0)
     param = types.SimpleNamespace(device=gpu, dtype=torch.float32)
+
+    def properties(device):
+        measured["memory_of"] = device
+        return types.SimpleNamespace(total_memory=80 * 2**30)
+
+    def copy_bandwidth(device, *args, **kwargs):
+        measured["copied_on"] = device
+        return 3e12
+
+    def matmul_rate(device, dtype, *args, **kwargs):
+        measured["matmul_on"] = (device, dtype)
+        return 5e14
+
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda device: measured.setdefault("memory_of", device) and types.SimpleNamespace(
-                            total_memory=80 * 2**30))
-    monkeypatch.setattr(calibration, "measure_copy_bandwidth",
-                        lambda device, *a, **k: measured.setdefault("copied_on", device) and 3e12)
-    monkeypatch.setattr(calibration, "measure_matmul_rate",
-                        lambda device, dtype, *a, **k: measured.setdefault("matmul_on", (device, dtype)) and 5e14)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    monkeypatch.setattr(calibration, "measure_copy_bandwidth", copy_bandwidth)
+    monkeypatch.setattr(calibration, "measure_matmul_rate", matmul_rate)
     return replace(tiny, model=types.SimpleNamespace(parameters=lambda: iter([param]))), gpu
 
 
