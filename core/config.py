@@ -25,6 +25,9 @@ SpeculativeMethod = Literal["ngram", "draft_model"]
 # How the engine may store its weights besides the float reference (ref_engine/model/quantization.py): a
 # load-time choice, not a scheduler knob, listed here because the command lines offer it without torch.
 QUANTIZATION_METHODS = ("int8", "int4")
+# Weights per int4 scale and zero that torch's int4 kernel takes (ref_engine/model/int4.py); listed here for
+# the command lines too.
+INT4_GROUP_SIZES = (32, 64, 128, 256)
 # What the KV cache may be stored in (vLLM's `kv_cache_dtype`): "auto" is the model's dtype. Also a load-time
 # choice (ref_engine/attention.py), listed here for the same reason.
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")

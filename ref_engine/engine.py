@@ -69,6 +69,7 @@ from ref_engine.detokenizer import IncrementalDetokenizer
 from ref_engine.executor import make_executor
 from ref_engine.kv_transfer.config import KVTransferConfig
 from ref_engine.kv_transfer.connector import KVTransferParams, make_kv_connector
+from ref_engine.model.int4 import DEFAULT_GROUP_SIZE
 from ref_engine.model.loader import LoadedModel, load_model
 from ref_engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ref_engine.runner import ModelRunner, synchronize
@@ -120,11 +121,14 @@ class LLMEngine:
     def __init__(self, model: str | Path | LoadedModel | None = None, *, dtype: str | torch.dtype = "float32",
                  device: str | torch.device | None = None, config: EngineConfig | None = None,
                  kv_transfer_config: KVTransferConfig | None = None, quantization: str | None = None,
-                 kv_cache_dtype: str = "auto", enforce_eager: bool = True, **knobs: Any) -> None:
+                 quantization_group_size: int | None = None, kv_cache_dtype: str = "auto",
+                 enforce_eager: bool = True, **knobs: Any) -> None:
         """`model`: a path, None for the default SmolLM2, or an already `LoadedModel` (so sweeps load the
         weights once and build one engine per configuration; it comes quantized or not). `kv_transfer_config`:
         this engine's role in a disaggregated pair, if any. `quantization`: None (the float reference),
-        "int8" (W8A8) or "int4" (weight-only), ref_engine/model/quantization.py. `kv_cache_dtype`: "auto" (the model's dtype) or
+        "int8" or "int4" (both weight-only), ref_engine/model/quantization.py. `quantization_group_size`: weights
+        per int4 scale and zero for a model quantized at load (None: 32; a GGUF's Q4_1 blocks keep their own
+        32, so only 32 is taken there). `kv_cache_dtype`: "auto" (the model's dtype) or
         a dtype to store K/V in (ref_engine/attention.py; "bfloat16" doubles the blocks a pool holds).
         `enforce_eager`: True (the default: on the course CPU compiling did not pay, benchmarks/RESULTS.md)
         runs the model eagerly; False compiles its forward at start (ref_engine/model/compile.py).
@@ -142,7 +146,13 @@ class LLMEngine:
         check_kv_cache_dtype(kv_cache_dtype)  # before the slow load
         if not isinstance(enforce_eager, bool):
             raise ValueError(f"enforce_eager must be True or False, got {enforce_eager!r}")
+        if quantization_group_size is not None and quantization != "int4":
+            raise ValueError(f"quantization_group_size={quantization_group_size!r} sizes int4's groups; it needs "
+                             f"quantization='int4', got quantization={quantization!r}")
         if isinstance(model, LoadedModel):
+            if quantization_group_size is not None:
+                raise ValueError("quantization_group_size applies when the engine loads the model; the given "
+                                 "LoadedModel is already loaded (pass load_model(..., quantization_group_size=...))")
             if quantization != model.quantization and quantization is not None:
                 raise ValueError(f"quantization={quantization!r}, but the given LoadedModel was loaded with "
                                  f"quantization={model.quantization!r} (pass load_model(..., quantization=...))")
@@ -151,7 +161,9 @@ class LLMEngine:
         else:
             self.device = torch.device(device) if device else torch.device(
                 "cuda" if torch.cuda.is_available() else "cpu")
-            loaded = load_model(model, dtype=dtype, device=self.device, quantization=quantization)
+            loaded = load_model(model, dtype=dtype, device=self.device, quantization=quantization,
+                                quantization_group_size=(DEFAULT_GROUP_SIZE if quantization_group_size is None
+                                                         else quantization_group_size))
         self.model_id = loaded.model_id
         self.arch = loaded.arch
         self.tokenizer = loaded.tokenizer
