@@ -134,7 +134,8 @@ class Worker:
         writes). It measures what an estimate leaves out: the decode gathers, dtype-conversion copies,
         the attention's score matrix and the allocator's buffers."""
         c = self.worker_config
-        batch = dummy_batch(c.config.max_num_batched_tokens, c.config.max_num_seqs, c.config.block_size)
+        batch = dummy_batch(c.config.max_num_batched_tokens, c.config.max_num_seqs, c.config.block_size,
+                            c.config.max_model_len)
         runner = ModelRunner(
             self.loaded.model, self.loaded.arch, num_kv_blocks=sum(len(s.block_ids) for s in batch.scheduled),
             num_swap_blocks=0, block_size=c.config.block_size, dtype=c.kv_cache_dtype, device=self.device,
@@ -168,9 +169,11 @@ class Worker:
         self.model_runner = self.loaded = None
 
 
-def dummy_batch(num_tokens: int, num_seqs: int, block_size: int) -> SchedulerOutput:
+def dummy_batch(num_tokens: int, num_seqs: int, block_size: int, max_model_len: int) -> SchedulerOutput:
     """The largest step a config allows, for the profiling run: `num_tokens` prompt tokens (id 0) spread
-    evenly over `num_seqs` new requests (fewer if there are fewer tokens), each sampled, in blocks of their own."""
+    evenly over `num_seqs` new requests (fewer if there are fewer tokens), each sampled, in blocks of their
+    own; no longer than `max_model_len` each, as the scheduler would cut them."""
+    num_tokens = min(num_tokens, num_seqs * max_model_len)
     num_seqs = min(num_seqs, num_tokens)
     lengths = [num_tokens // num_seqs + (i < num_tokens % num_seqs) for i in range(num_seqs)]
     scheduled, next_block = [], 0

@@ -196,7 +196,8 @@ def test_on_a_gpu_the_activations_are_measured_in_a_dummy_step_at_the_largest_ba
 
 
 def test_the_dummy_batch_spreads_the_tokens_over_the_sequences_in_blocks_of_their_own():
-    batch = dummy_batch(10, 4, block_size=2)
+    batch = dummy_batch(10, 4, block_size=2, max_model_len=64)
     assert [s.num_scheduled_tokens for s in batch.scheduled] == [3, 3, 2, 2]
     assert [s.block_ids for s in batch.scheduled] == [[0, 1], [2, 3], [4], [5]]
-    assert [s.num_scheduled_tokens for s in dummy_batch(3, 8, block_size=16).scheduled] == [1, 1, 1]
+    assert [s.num_scheduled_tokens for s in dummy_batch(3, 8, block_size=16, max_model_len=64).scheduled] == [1, 1, 1]
+    assert [s.num_scheduled_tokens for s in dummy_batch(512, 2, block_size=16, max_model_len=64).scheduled] == [64, 64]
