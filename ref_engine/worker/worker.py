@@ -49,7 +49,7 @@ class WorkerConfig:
     kv_cache_dtype: torch.dtype
     config: EngineConfig  # settled for the model (`for_model`)
     parallel_config: ParallelConfig
-    device: torch.device  # the engine's: rank r of a CUDA engine runs on cuda:r (`rank_device`)
+    device: torch.device  # the engine's: rank r of an engine on cuda:i runs on cuda:i+r (`rank_device`)
     enforce_eager: bool = True
     draft: DraftFootprint | None = None  # a draft model's, run beside rank 0 on its device (spec_decode.py)
 
