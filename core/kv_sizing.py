@@ -8,10 +8,11 @@ KV blocks:
                           / bytes_per_block)
 
 The engine measures the device memory and the loaded weights with torch; the simulator reads them from a
-hardware profile and the model's dims. Both estimate the activation peak with
-`ArchConfig.peak_activation_bytes` (vLLM measures it in a dummy step), so the same config, model and memory
-give the same pool on both sides. A CPU has no device memory to profile (the pool would share RAM with
-everything else), so there the pool is a fixed `CPU_KV_CACHE_MEMORY`. `EngineConfig.num_kv_blocks`, then
+hardware profile and the model's dims. The simulator estimates the activation peak with
+`ArchConfig.peak_activation_bytes`; the engine on a GPU measures it as vLLM does, in a dummy step at the
+largest batch (ref_engine/worker/), so on a GPU the two pools differ by that estimate's error alone. A CPU
+has no device memory to profile (the pool would share RAM with everything else), so there the pool is a
+fixed `CPU_KV_CACHE_MEMORY` on both sides. `EngineConfig.num_kv_blocks`, then
 `EngineConfig.kv_cache_memory`, override the rule.
 
 A draft model (`speculative_method="draft_model"`) keeps a pool of its own whose block ids are the target's,

@@ -30,7 +30,8 @@ keyword. Defaults
 Speculative decoding (`config.speculative_method`): pass an `acceptance` model (sim/spec_decode.py: a
 rate per draft position, or the engine's counts replayed); a draft model's passes are priced on its own
 dims, `draft_arch` (default: the target's first L layers for `speculative_model="self:L"`, else the
-known model of that name).
+known model of that name), and its KV pool, which shares the target's block ids, and its own weights count
+in the pool's size as the engine counts them (`draft_footprint`).
 
 Invariant: the same workload and configuration give the same `RunMetrics` to the last digit. Nothing
 here reads a wall clock or an unseeded random source; workloads carry their own seed.
