@@ -180,7 +180,7 @@ class LLMEngine:
         draft_footprint = None if draft is None else draft.footprint(self.config.block_size, self.dtype)
         self.model_executor = make_executor(WorkerConfig(
             loaded.path, self.dtype, loaded.quantization, self.kv_cache_dtype, self.config, parallel_config,
-            self.device, enforce_eager, draft_footprint), loaded)
+            self.device, enforce_eager, draft=draft_footprint), loaded)
         try:  # the workers must not outlive an engine that fails to start
             self.num_kv_blocks = self.model_executor.determine_num_kv_blocks()
             self.cache_namespace = cache_namespace(loaded, self.dtype, self.kv_cache_dtype)
