@@ -131,8 +131,8 @@ class Worker:
     def profile_activation_bytes(self) -> int:
         """vLLM's profiling run, on a CUDA device: the peak memory of one dummy step at the largest batch
         (`dummy_batch`), above what was allocated before it (the weights, and the few blocks the step
-        writes). It measures what an estimate leaves out: the decode gathers, dtype-conversion copies,
-        the attention's score matrix and the allocator's buffers."""
+        writes). It measures what `ArchConfig.peak_activation_bytes` leaves out: dtype-conversion copies,
+        the attention's score matrix, the allocator's buffers, and the decode gathers of one-token rows."""
         c = self.worker_config
         batch = dummy_batch(c.config.max_num_batched_tokens, c.config.max_num_seqs, c.config.block_size,
                             c.config.max_model_len)
