@@ -129,7 +129,7 @@ def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch
 
 def allocate_kv_cache(
     arch: ArchConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str | None = None,
-    tensor_parallel_size: int = 1, zeroed: bool = True,
+    tensor_parallel_size: int = 1, zeroed: bool = True, pin_memory: bool = False,
 ) -> list[torch.Tensor]:
     """One `[2, num_blocks, block_size, num_kv_heads, head_dim]` tensor per layer, `num_kv_heads` being
     one tensor-parallel rank's share (`ArchConfig.num_kv_heads_per_device`).
@@ -138,10 +138,12 @@ def allocate_kv_cache(
     would still turn `0 * NaN` into NaN in the probability-weighted sum of values. `zeroed=False` is for the
     host's swap pool, which only ever holds whole blocks copied from the device's: left uninitialised, its
     pages cost nothing until a swap writes them (the default 4 GiB took 2-5 s to zero on a 2-core CPU).
+    `pin_memory=True` (a host pool beside a CUDA device) page-locks it, so that copies to and from the device
+    run asynchronously.
     """
     shape = (2, num_blocks, block_size, arch.num_kv_heads_per_device(tensor_parallel_size), arch.head_dim)
     make = torch.zeros if zeroed else torch.empty
-    return [make(shape, dtype=dtype, device=device) for _ in range(arch.num_layers)]
+    return [make(shape, dtype=dtype, device=device, pin_memory=pin_memory) for _ in range(arch.num_layers)]
 
 
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache_layer: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -75,7 +75,7 @@ from ref_engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ref_engine.runner import ModelRunner, synchronize
 from ref_engine.sampler import Sampler, SamplingMetadata, make_generator
 from ref_engine.sampling_params import RequestOutputKind, SamplingParams
-from ref_engine.spec_decode import Draft, RejectionSampler, make_proposer
+from ref_engine.spec_decode import Draft, RejectionSampler, load_draft_model, make_proposer
 from ref_engine.worker.worker import WorkerConfig
 
 PromptType = str | list[int] | dict[str, Any]
@@ -175,9 +175,12 @@ class LLMEngine:
         block_bytes = self.arch.kv_bytes_per_block(self.config.block_size, self.kv_cache_dtype.itemsize)
         self.config = with_swap_pool(self.config, block_bytes, host_memory=host_memory_bytes())
         self.parallel_config = parallel_config
+        # a draft model loads first: its pool shares the target's block ids, so the sizing counts it too
+        draft = load_draft_model(self.config, loaded, dtype=self.dtype, device=self.device)
+        draft_footprint = None if draft is None else draft.footprint(self.config.block_size, self.dtype)
         self.model_executor = make_executor(WorkerConfig(
             loaded.path, self.dtype, loaded.quantization, self.kv_cache_dtype, self.config, parallel_config,
-            self.device, enforce_eager), loaded)
+            self.device, enforce_eager, draft=draft_footprint), loaded)
         try:  # the workers must not outlive an engine that fails to start
             self.num_kv_blocks = self.model_executor.determine_num_kv_blocks()
             self.cache_namespace = cache_namespace(loaded, self.dtype, self.kv_cache_dtype)
@@ -186,7 +189,7 @@ class LLMEngine:
             self.model_executor.initialize_cache(self.num_kv_blocks, self.scheduler.num_swap_blocks)
             self.sampler = Sampler(self.config.seed, self.device)
             self.rejection_sampler = RejectionSampler(self.sampler)
-            self.proposer = make_proposer(self.config, loaded, self.sampler, num_kv_blocks=self.num_kv_blocks,
+            self.proposer = make_proposer(self.config, draft, self.sampler, num_kv_blocks=self.num_kv_blocks,
                                           dtype=self.dtype, device=self.device)
         except BaseException:
             self.model_executor.shutdown()

@@ -3,7 +3,10 @@
 It owns the paged KV cache tensors (one per layer, [2, num_blocks, block_size, kv_heads, head_dim]) and the
 host pool that swapped-out blocks go to. Each step it
 1. carries out the scheduler's copy plan (swap-out device -> host, copy-on-write device -> device for a
-   fully cached prompt, swap-in host -> device);
+   fully cached prompt, swap-in host -> device). On CUDA the host pool is pinned and the plan runs on a side
+   stream, its swaps asynchronous: this thread goes on building the batch meanwhile, and the compute stream
+   waits for the copies (an event) before the forward, which may write blocks a swap-out freed and reads
+   those a swap-in filled. A CPU copies in place, in order;
 2. flattens the scheduled requests into one token batch: token ids, positions, and the attention metadata
    (query start offsets, context lengths, slot mapping, block tables) that tells attention which slots
    to write and which blocks to read;
@@ -61,17 +64,17 @@ class ModelRunner:
         self.device = device
         self.compute_logits = compute_logits
         self.kv_caches = allocate_kv_cache(arch, num_kv_blocks, block_size, dtype, device, tensor_parallel_size)
+        on_cuda = device.type == "cuda"
         self.host_kv_caches = allocate_kv_cache(arch, num_swap_blocks, block_size, dtype, torch.device("cpu"),
-                                                tensor_parallel_size, zeroed=False)
+                                                tensor_parallel_size, zeroed=False, pin_memory=on_cuda)
+        self.copy_stream = torch.cuda.Stream(device) if on_cuda else None  # the copy plan's, beside the compute stream
         self.forward = model if enforce_eager else compile_decoder(model)
         if not enforce_eager:
             self._compile_now()
 
     @torch.inference_mode()
     def execute_model(self, output: SchedulerOutput) -> ModelOutput:
-        self.copy_blocks(output.swap_out, src=self.kv_caches, dst=self.host_kv_caches)
-        self.copy_blocks(output.copy_blocks, src=self.kv_caches, dst=self.kv_caches)
-        self.copy_blocks(output.swap_in, src=self.host_kv_caches, dst=self.kv_caches)
+        self.run_copy_plan(output)
 
         input_ids: list[int] = []
         positions: list[int] = []
@@ -113,11 +116,41 @@ class ModelRunner:
         for layer in self.kv_caches:
             layer.zero_()
 
+    def run_copy_plan(self, output: SchedulerOutput) -> None:
+        """The step's block copies in the plan's order: swap-out, copy-on-write, swap-in (each reads a block
+        before a later one overwrites it). On CUDA on `copy_stream`, after the compute stream's earlier work
+        (the blocks' last writes), with the swaps asynchronous; the compute stream then waits for them."""
+        plans = ((output.swap_out, self.kv_caches, self.host_kv_caches, True),  # (plan, src, dst, is a swap)
+                 (output.copy_blocks, self.kv_caches, self.kv_caches, False),
+                 (output.swap_in, self.host_kv_caches, self.kv_caches, True))
+        if self.copy_stream is None:
+            for plan, src, dst, _ in plans:
+                self.copy_blocks(plan, src=src, dst=dst)
+            return
+        if not any(plan for plan, *_ in plans):
+            return
+        compute_stream = torch.cuda.current_stream(self.device)
+        self.copy_stream.wait_stream(compute_stream)
+        with torch.cuda.stream(self.copy_stream):
+            for plan, src, dst, is_swap in plans:
+                self.copy_blocks(plan, src=src, dst=dst, non_blocking=is_swap)
+        compute_stream.wait_stream(self.copy_stream)  # records an event on the copy stream and waits on it
+
     @staticmethod
-    def copy_blocks(plan: list[tuple[int, int]], *, src: list[torch.Tensor], dst: list[torch.Tensor]) -> None:
-        """Copy blocks src[i] -> dst[j] for each (i, j) in the plan, in every layer (K and V together): a step's
-        swap and copy-on-write plans, and lesson 2's timing of a swap."""
+    def copy_blocks(plan: list[tuple[int, int]], *, src: list[torch.Tensor], dst: list[torch.Tensor],
+                    non_blocking: bool = False) -> None:
+        """Copy blocks src[i] -> dst[j] for each (i, j) in the plan, in every layer: a step's swap and
+        copy-on-write plans, and lesson 2's timing of a swap. K and V of all the plan's blocks move in one
+        gather per layer; `non_blocking` (a swap beside a CUDA device) copies each block's K and V on its own
+        instead, straight between the pools: each is one contiguous slab, which a pinned host pool copies
+        asynchronously, where a gather would go through a temporary the host must wait for."""
         if not plan:
+            return
+        if non_blocking:
+            for src_layer, dst_layer in zip(src, dst):
+                for i, j in plan:
+                    dst_layer[0, j].copy_(src_layer[0, i], non_blocking=True)
+                    dst_layer[1, j].copy_(src_layer[1, i], non_blocking=True)
             return
         src_ids = torch.tensor([i for i, _ in plan], dtype=torch.long, device=src[0].device)
         dst_ids = torch.tensor([j for _, j in plan], dtype=torch.long, device=dst[0].device)
