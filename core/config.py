@@ -25,9 +25,15 @@ SpeculativeMethod = Literal["ngram", "draft_model"]
 # How the engine may store its weights besides the float reference (ref_engine/model/quantization.py): a
 # load-time choice, not a scheduler knob, listed here because the command lines offer it without torch.
 QUANTIZATION_METHODS = ("int8", "int4")
+# What the engine computes in (vLLM's `dtype`, less its "auto": float32 is this engine's reference, whatever the
+# checkpoint stores). Also a load-time choice (ref_engine/model/loader.py), listed here for the same reason.
+DTYPES = ("float32", "bfloat16", "float16")
 # What the KV cache may be stored in (vLLM's `kv_cache_dtype`): "auto" is the model's dtype. Also a load-time
-# choice (ref_engine/attention.py), listed here for the same reason.
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
+# choice (ref_engine/attention.py).
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+# How float32 matmuls may round on a GPU (torch's `set_float32_matmul_precision` names, as vLLM's
+# VLLM_FLOAT32_MATMUL_PRECISION): "highest", full float32; "high", TF32 tensor cores (10-bit mantissa products).
+FLOAT32_MATMUL_PRECISIONS = ("highest", "high")
 # Where an engine's tensor-parallel ranks run (vLLM's names): "uni", one worker in the engine's process; "mp",
 # one worker process per rank (ref_engine/executor/).
 DistributedExecutorBackend = Literal["uni", "mp"]

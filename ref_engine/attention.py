@@ -10,7 +10,7 @@ This module owns three things:
 * `paged_attention`, a pure-torch reference that runs on CPU and CUDA.
 
 The cache may be stored in a narrower dtype than the model computes in (`kv_cache_dtype`, vLLM's knob:
-"bfloat16" under a float32 model halves the bytes per cached token, so the same memory holds twice the
+"bfloat16" or "float16" under a float32 model halves the bytes per cached token, so the same memory holds twice the
 blocks). K/V are rounded once, when written; attention reads them back in the model's dtype.
 
 How a token finds its K/V: token `i` of request `r` sits at position `p` of that request. Its K/V live in
@@ -177,7 +177,7 @@ def paged_attention(
       have different query lengths, so they run one request at a time with a causal mask that is offset
       by the tokens already cached.
 
-    SDPA accumulates in float32 internally, so float32 and bfloat16 models both work. A cache stored in
+    SDPA accumulates in float32 internally, so float32, bfloat16 and float16 models all work. A cache stored in
     another dtype than `q` (`kv_cache_dtype`) is read back in `q`'s dtype after the gather.
     """
     write_kv_cache(k, v, kv_cache_layer, meta.slot_mapping)

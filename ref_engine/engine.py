@@ -69,7 +69,7 @@ from ref_engine.detokenizer import IncrementalDetokenizer
 from ref_engine.executor import make_executor
 from ref_engine.kv_transfer.config import KVTransferConfig
 from ref_engine.kv_transfer.connector import KVTransferParams, make_kv_connector
-from ref_engine.model.loader import LoadedModel, load_model
+from ref_engine.model.loader import LoadedModel, check_float32_matmul_precision, load_model
 from ref_engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ref_engine.runner import ModelRunner, synchronize
 from ref_engine.sampler import Sampler, SamplingMetadata, make_generator
@@ -120,7 +120,8 @@ class LLMEngine:
     def __init__(self, model: str | Path | LoadedModel | None = None, *, dtype: str | torch.dtype = "float32",
                  device: str | torch.device | None = None, config: EngineConfig | None = None,
                  kv_transfer_config: KVTransferConfig | None = None, quantization: str | None = None,
-                 kv_cache_dtype: str = "auto", enforce_eager: bool = True, **knobs: Any) -> None:
+                 kv_cache_dtype: str = "auto", enforce_eager: bool = True, float32_matmul_precision: str = "highest",
+                 **knobs: Any) -> None:
         """`model`: a path, None for the default SmolLM2, or an already `LoadedModel` (so sweeps load the
         weights once and build one engine per configuration; it comes quantized or not). `kv_transfer_config`:
         this engine's role in a disaggregated pair, if any. `quantization`: None (the float reference),
@@ -128,6 +129,8 @@ class LLMEngine:
         a dtype to store K/V in (ref_engine/attention.py; "bfloat16" doubles the blocks a pool holds).
         `enforce_eager`: True (the default: on the course CPU compiling did not pay, benchmarks/RESULTS.md)
         runs the model eagerly; False compiles its forward at start (ref_engine/model/compile.py).
+        `float32_matmul_precision`: "highest" (the default) or "high", TF32 for float32 matmuls on a GPU
+        (refused elsewhere; `loader.check_float32_matmul_precision`).
         `knobs`: `EngineConfig`'s and `ParallelConfig`'s (`tensor_parallel_size=2` runs the model on two worker
         processes, ref_engine/executor/; the workers stop with `shutdown()`, or when the engine is collected or
         its process exits)."""
@@ -148,9 +151,12 @@ class LLMEngine:
                                  f"quantization={model.quantization!r} (pass load_model(..., quantization=...))")
             loaded = model
             self.device = next(model.model.parameters()).device
+            check_float32_matmul_precision(float32_matmul_precision, next(model.model.parameters()).dtype,
+                                           self.device)
         else:
             self.device = torch.device(device) if device else torch.device(
                 "cuda" if torch.cuda.is_available() else "cpu")
+            check_float32_matmul_precision(float32_matmul_precision, dtype, self.device)  # before the slow load
             loaded = load_model(model, dtype=dtype, device=self.device, quantization=quantization)
         self.model_id = loaded.model_id
         self.arch = loaded.arch
@@ -165,7 +171,7 @@ class LLMEngine:
         self.parallel_config = parallel_config
         self.model_executor = make_executor(WorkerConfig(
             loaded.path, self.dtype, loaded.quantization, self.kv_cache_dtype, self.config, parallel_config,
-            self.device, enforce_eager), loaded)
+            self.device, enforce_eager, float32_matmul_precision), loaded)
         try:  # the workers must not outlive an engine that fails to start
             self.num_kv_blocks = self.model_executor.determine_num_kv_blocks()
             self.cache_namespace = cache_namespace(loaded, self.dtype, self.kv_cache_dtype)

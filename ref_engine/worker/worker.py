@@ -3,7 +3,8 @@
 vLLM's worker, cut to what one rank needs. An executor (ref_engine/executor/) drives every worker through the
 same calls, in the engine's process (`UniProcExecutor`) or in a process of its own (`MultiprocExecutor`):
 
-1. `init_device`: join the engine's process group above degree 1 (ref_engine/distributed/);
+1. `init_device`: set its process's float32 matmul precision (TF32 or not); join the engine's process group above
+   degree 1 (ref_engine/distributed/);
 2. `load_model`: its share of the weights (ref_engine/model/linear.py). A worker process loads the model file
    itself and keeps its slice; the worker in the engine's process takes the engine's own model;
 3. `determine_num_kv_blocks`: the KV pool it can hold, by the core's rule (core/kv_sizing.py), from its own
@@ -32,7 +33,7 @@ from ref_engine.distributed.parallel_state import (
     init_distributed_environment,
     rank_device,
 )
-from ref_engine.model.loader import LoadedModel, load_model
+from ref_engine.model.loader import LoadedModel, load_model, set_float32_matmul_precision
 from ref_engine.runner import ModelOutput, ModelRunner
 
 
@@ -48,6 +49,7 @@ class WorkerConfig:
     parallel_config: ParallelConfig
     device: torch.device  # the engine's: rank r of a CUDA engine runs on cuda:r (`rank_device`)
     enforce_eager: bool = True
+    float32_matmul_precision: str = "highest"  # "high": TF32 on CUDA, set in each worker's process
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class Worker:
         self.model_runner: ModelRunner | None = None
 
     def init_device(self) -> None:
+        set_float32_matmul_precision(self.worker_config.float32_matmul_precision, self.device)
         if self.tp_size > 1:
             init_distributed_environment(self.rank, self.tp_size, self.distributed_init_method, self.device)
 
