@@ -23,8 +23,8 @@ from safetensors.torch import load_file, save_file
 from tokenizers import pre_tokenizers
 
 from ref_engine.attention import AttentionMetadata, allocate_kv_cache
-from ref_engine.model import store
 from ref_engine.engine import LLMEngine
+from ref_engine.model import store
 from ref_engine.model.loader import check_float32_matmul_precision, load_model, set_float32_matmul_precision
 from ref_engine.model.loader_gguf import dequantize
 
