@@ -282,6 +282,9 @@ def test_half_precision(make_tiny_hf_model, dtype, min_correlation):
     folder = make_tiny_hf_model("llama", name="half")
     fp32, half = load_model(folder, dtype="float32", device="cpu"), load_model(folder, dtype=dtype, device="cpu")
     assert all(p.dtype == dtype for p in half.model.parameters())
+    if dtype == torch.float16:  # nn.Linear's layout on a CPU (TransposedLinear): its fast half GEMM
+        projections = [p for name, p in half.model.named_parameters() if name.endswith("proj.weight")]
+        assert projections and all(p.t().is_contiguous() and not p.is_contiguous() for p in projections)
     a, b = prefill_logits(fp32.model, PROMPT), prefill_logits(half.model, PROMPT)
     assert b.dtype == torch.float32
     assert torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1] > min_correlation
