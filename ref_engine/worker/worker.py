@@ -27,6 +27,7 @@ import torch
 from core.config import EngineConfig, ParallelConfig
 from core.interfaces import SchedulerOutput
 from core.kv_sizing import num_kv_blocks
+from ref_engine.cuda_graphs import capture_sizes
 from ref_engine.distributed.parallel_state import (
     destroy_distributed_environment,
     get_tp_group,
@@ -126,7 +127,9 @@ class Worker:
         self.model_runner = ModelRunner(
             self.loaded.model, self.loaded.arch, num_kv_blocks=num_kv_blocks, num_swap_blocks=num_swap_blocks,
             block_size=c.config.block_size, dtype=c.kv_cache_dtype, device=self.device,
-            enforce_eager=c.enforce_eager, tensor_parallel_size=self.tp_size, compute_logits=self.rank == 0)
+            enforce_eager=c.enforce_eager, tensor_parallel_size=self.tp_size, compute_logits=self.rank == 0,
+            cudagraph_capture_sizes=capture_sizes(c.config.cudagraph_capture_sizes, c.config.max_num_seqs),
+            max_model_len=c.config.max_model_len)
         return sum(t.numel() * t.element_size() for t in self.model_runner.kv_caches)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> WorkerOutput:
