@@ -6,6 +6,8 @@
 - padding rows write to and read from the scratch block only;
 - the padded fixed-shape forward (what a graph records) gives eager's tokens and leaves the pool's other
   blocks as eager leaves them;
+- the runner's whole graph path, each replay run eagerly on a CPU, is token-exact with eager through every
+  batched regime;
 - on a GPU (skipped elsewhere): graphs replay token-exact with eager through every batched regime.
 """
 
@@ -134,6 +136,41 @@ def test_the_padded_fixed_shape_forward_matches_eager_and_touches_only_the_scrat
         torch.testing.assert_close(graph_layer[:, :pool], eager_layer[:, :pool], rtol=1e-5, atol=1e-5)
         assert not eager_layer[:, pool].any() and graph_layer[:, pool, 0].any()  # padding wrote its one slot
         assert not graph_layer[:, pool, 1:].any()
+
+
+class EagerReplay:
+    """A captured graph's stand-in on a CPU: each replay runs the forward the capture would record, on the same
+    input buffers, into the same output tensor."""
+
+    def __init__(self, runner: CUDAGraphRunner, inputs: GraphInputs) -> None:
+        self.runner, self.inputs = runner, inputs
+        self.hidden = runner.forward(inputs)  # the capture's run: padding rows only
+
+    def replay(self) -> None:
+        self.hidden.copy_(self.runner.forward(self.inputs))
+
+
+@BATCHED_REGIMES
+def test_the_graph_path_is_token_exact_with_eager_with_replays_run_eagerly(tiny, knobs, monkeypatch):
+    """The runner's whole graph path (which steps qualify, buffers refilled per step, padding, the scratch block
+    past the pool) on a CPU, each replay run eagerly where a GPU would launch the graph."""
+    prompts = regime_prompts()
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in LLM(tiny, **knobs).generate(prompts, params, use_tqdm=False)]
+    monkeypatch.setattr("ref_engine.runner.uses_cuda_graphs", lambda *args: True)
+
+    def capture(runner: CUDAGraphRunner, size: int, width: int):
+        replay = EagerReplay(runner, runner.padding_inputs(size, width))
+        return replay, replay.inputs, replay.hidden
+
+    monkeypatch.setattr(CUDAGraphRunner, "_capture", capture)
+    llm = LLM(tiny, cudagraph_capture_sizes=[1, 2, 4, 8], **knobs)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == expected
+    engine = llm.llm_engine
+    assert engine.runner.kv_caches[0].shape[1] == engine.num_kv_blocks + 1  # the scratch block
+    assert engine.runner.cuda_graphs.graphs, "no decode step took the graph path"
+    assert engine.scheduler.kv_cache_manager.block_pool.num_free_blocks == engine.num_kv_blocks
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
