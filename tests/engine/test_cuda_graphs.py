@@ -8,7 +8,8 @@
   blocks as eager leaves them;
 - the runner's whole graph path, each replay run eagerly on a CPU, is token-exact with eager through every
   batched regime;
-- on a GPU (skipped elsewhere): graphs replay token-exact with eager through every batched regime.
+- on a GPU (skipped elsewhere): graphs replay token-exact with eager through every batched regime, in float32
+  and float16.
 """
 
 from __future__ import annotations
@@ -175,8 +176,9 @@ def test_the_graph_path_is_token_exact_with_eager_with_replays_run_eagerly(tiny,
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 @BATCHED_REGIMES
-def test_decode_graphs_are_token_exact_with_eager_on_a_gpu(make_tiny_hf_model, knobs):
-    loaded = load_model(make_tiny_hf_model("llama", name="cuda-graphs-gpu"), device="cuda")
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_decode_graphs_are_token_exact_with_eager_on_a_gpu(make_tiny_hf_model, knobs, dtype):
+    loaded = load_model(make_tiny_hf_model("llama", name="cuda-graphs-gpu"), dtype=dtype, device="cuda")
     prompts = regime_prompts()
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     eager, graphs = (LLM(loaded, enforce_eager=enforce_eager, cudagraph_capture_sizes=[1, 2, 4, 8, 16], **knobs)

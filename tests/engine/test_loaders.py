@@ -387,6 +387,15 @@ def test_tf32_is_checked_before_loading_and_only_cuda_sets_it():
     assert torch.backends.cuda.matmul.fp32_precision == before
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 is a CUDA mode")
+def test_tf32_reaches_cuda_matmuls(make_tiny_hf_model):
+    loaded = load_model(make_tiny_hf_model("llama", name="tf32"), device="cuda")
+    LLMEngine(loaded, float32_matmul_precision="high")
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    LLMEngine(loaded)
+    assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+
+
 # ---- the default model store ----
 
 
