@@ -9,8 +9,8 @@ shapes on the same buffers. So, as vLLM does (`cudagraph_capture_sizes`):
 
 * graphs are captured at a few decode batch sizes (`capture_sizes`: vLLM's 1, 2, 4, then multiples of 8, up
   to `max_num_seqs`), and a step's batch is padded to the next one up (`padded_size`); a step that does not
-  qualify (`is_graph_step`: a prompt chunk, draft tokens to verify, more rows than the largest size) runs as
-  before, compiled;
+  qualify (`is_graph_step`: a prompt chunk, draft tokens to verify, more rows than the largest size) runs
+  eagerly;
 * each graph owns static input buffers (token ids, positions, slot mapping, block tables, context lengths);
   a replay first copies the step's values into them (`pad_decode_batch` lays them out);
 * padding rows write their K/V into a scratch block that the scheduler never hands out (one block past the
@@ -26,9 +26,11 @@ block tables at a fixed width, the key mask computed on the device from the cont
 the step's blocks padded to a power of two (`padded_width`), so graphs are keyed by (batch size, width) and
 captured on first use; a step reads at most twice the blocks it needs, never the whole `max_model_len`.
 
-Graphs replay the eager forward; tensor parallelism (a timed all-reduce in every layer) keeps the compiled
-path. Token-exact with eager by construction (the same kernels on the same values), checked on a GPU by
-tests/engine/test_cuda_graphs.py; on a CPU the padded fixed-shape forward is checked without the graph.
+Graphs record the eager forward, and take the place of torch.compile on a GPU: the engine then stays
+token-exact with eager (the same kernels on the same values, checked on a GPU by tests/engine/test_cuda_graphs.py;
+on a CPU the whole path runs with each replay done eagerly). Recording compiled pieces instead (vLLM's piecewise
+compile) is the next step, once a GPU can measure what it adds. Tensor parallelism (a timed all-reduce in
+every layer) keeps the compiled path, without graphs.
 
 Lesson: lessons/07-tuning-knobs.md (enforce_eager: what compiling buys on the course CPU, and graphs on a GPU).
 """
@@ -50,9 +52,9 @@ DEFAULT_CAPTURE_SIZES = (1, 2, 4, *range(8, 513, 8))
 
 def uses_cuda_graphs(enforce_eager: bool, device: torch.device, tensor_parallel_size: int,
                      sizes: Sequence[int]) -> bool:
-    """Whether a runner replays decode graphs: compiling is asked for (`enforce_eager=False`) on a CUDA device, on
+    """Whether a runner replays decode graphs (and so does not compile): `enforce_eager=False` on a CUDA device, on
     one rank (a tensor-parallel layer's all-reduce is timed on the host), with sizes to capture. A CPU compiles
-    only: it has no graphs, and its launches cost little beside its matmuls."""
+    instead: it has no graphs, and its launches cost little beside its matmuls."""
     return not enforce_eager and device.type == "cuda" and tensor_parallel_size == 1 and len(sizes) > 0
 
 

@@ -128,7 +128,7 @@ class LLMEngine:
         "int8" (W8A8) or "int4" (weight-only), ref_engine/model/quantization.py. `kv_cache_dtype`: "auto" (the model's dtype) or
         a dtype to store K/V in (ref_engine/attention.py; "bfloat16" doubles the blocks a pool holds).
         `enforce_eager`: True (the default: on the course CPU compiling did not pay, benchmarks/RESULTS.md)
-        runs the model eagerly; False compiles its forward at start (ref_engine/model/compile.py) and, on a GPU,
+        runs the model eagerly; False compiles its forward at start (ref_engine/model/compile.py), or on a GPU
         replays decode steps from CUDA graphs (ref_engine/cuda_graphs.py, `cudagraph_capture_sizes`).
         `float32_matmul_precision`: "highest" (the default) or "high", TF32 for float32 matmuls on a GPU
         (refused elsewhere; `loader.check_float32_matmul_precision`).

@@ -16,9 +16,9 @@ Under tensor parallelism each worker has its own runner over its share of the mo
 
 With `enforce_eager=False` the model's forward runs compiled (ref_engine/model/compile.py), and the runner
 compiles it when it is built, on two dummy passes (1 token and 2), so that the first request's step does not
-pay for compiling and a compiler that fails stops the engine at start. On a GPU, decode steps then replay
-CUDA graphs (ref_engine/cuda_graphs.py) at `cudagraph_capture_sizes`; the cache has one block more than the pool
-for the graphs' padding rows to write to.
+pay for compiling and a compiler that fails stops the engine at start. On a GPU (one rank) it means CUDA graphs
+instead (ref_engine/cuda_graphs.py): decode steps replay graphs captured at `cudagraph_capture_sizes`, other
+steps run eagerly, and the cache has one block more than the pool for the graphs' padding rows to write to.
 
 Lesson: lessons/02-paged-attention.md (block table and slot mapping); lessons/05-speculative-decoding.md.
 """
@@ -73,8 +73,9 @@ class ModelRunner:
                                            max_model_len) if graphs else None
         self.host_kv_caches = allocate_kv_cache(arch, num_swap_blocks, block_size, dtype, torch.device("cpu"),
                                                 tensor_parallel_size, zeroed=False)
-        self.forward = model if enforce_eager else compile_decoder(model)
-        if not enforce_eager:
+        compiles = not enforce_eager and not graphs  # graphs record the eager forward: see ref_engine/cuda_graphs.py
+        self.forward = compile_decoder(model) if compiles else model
+        if compiles:
             self._compile_now()
 
     @torch.inference_mode()
