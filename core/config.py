@@ -107,7 +107,7 @@ class EngineConfig:
     speculative_disable_by_batch_size: int | None = 4  # speculate only while at most this many requests run
     # (None: always); a big batch is compute-bound already, so verifying k more tokens each costs real time
     # CUDA graphs (ref_engine/cuda_graphs.py): the decode batch sizes captured under enforce_eager=False on a
-    # GPU (vLLM's name). None: vLLM's list, 1, 2, 4 and every multiple of 8, up to max_num_seqs; () captures none
+    # GPU (vLLM's name). None: vLLM's list (1, 2, 4, multiples of 8, from 256 of 16) up to max_num_seqs; () none
     cudagraph_capture_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:

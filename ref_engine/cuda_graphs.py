@@ -7,8 +7,8 @@ thousand launches a step, and the GPU waits between them. A CUDA graph records a
 the memory they read and write, and replays them all with one launch. The price: every replay runs the same
 shapes on the same buffers. So, as vLLM does (`cudagraph_capture_sizes`):
 
-* graphs are captured at a few decode batch sizes (`capture_sizes`: vLLM's 1, 2, 4, then multiples of 8, up
-  to `max_num_seqs`), and a step's batch is padded to the next one up (`padded_size`); a step that does not
+* graphs are captured at a few decode batch sizes (`capture_sizes`: vLLM's 1, 2, 4, then multiples of 8 and
+  from 256 of 16, up to `max_num_seqs`), and a step's batch is padded to the next one up (`padded_size`); a step that does not
   qualify (`is_graph_step`: a prompt chunk, draft tokens to verify, more rows than the largest size) runs
   eagerly;
 * each graph owns static input buffers (token ids, positions, slot mapping, block tables, context lengths);
@@ -46,8 +46,9 @@ from core.interfaces import ScheduledRequest
 from core.math_utils import cdiv
 from ref_engine.attention import AttentionMetadata
 
-# vLLM's default decode sizes (its V0 `_BATCH_SIZES_TO_CAPTURE`, to 512): small batches one by one, then every 8
-DEFAULT_CAPTURE_SIZES = (1, 2, 4, *range(8, 513, 8))
+# vLLM V1's default sizes: 1, 2, 4, every multiple of 8 below 256, then of 16 up to 512. vLLM keeps those up to
+# 2 x max_num_seqs (its graphs also hold speculative rows of 1 + k tokens); ours hold one token a row.
+DEFAULT_CAPTURE_SIZES = (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))
 
 
 def uses_cuda_graphs(enforce_eager: bool, device: torch.device, tensor_parallel_size: int,

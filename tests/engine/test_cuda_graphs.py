@@ -42,6 +42,7 @@ def decode(request_id: str, token: int, position: int, blocks: list[int]) -> Sch
 def test_the_default_sizes_are_vllms_up_to_max_num_seqs():
     assert capture_sizes(None, 64) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
     assert capture_sizes(None, 6) == (1, 2, 4)
+    assert capture_sizes(None, 300)[-5:] == (240, 248, 256, 272, 288)  # from 256 on, every 16
     assert capture_sizes(None, 1024)[-1] == 512
     assert capture_sizes((), 64) == ()
 
