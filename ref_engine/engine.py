@@ -70,7 +70,7 @@ from ref_engine.executor import make_executor
 from ref_engine.kv_transfer.config import KVTransferConfig
 from ref_engine.kv_transfer.connector import KVTransferParams, make_kv_connector
 from ref_engine.model.int4 import DEFAULT_GROUP_SIZE
-from ref_engine.model.loader import LoadedModel, load_model
+from ref_engine.model.loader import LoadedModel, check_float32_matmul_precision, load_model
 from ref_engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ref_engine.runner import ModelRunner, synchronize
 from ref_engine.sampler import Sampler, SamplingMetadata, make_generator
@@ -122,7 +122,7 @@ class LLMEngine:
                  device: str | torch.device | None = None, config: EngineConfig | None = None,
                  kv_transfer_config: KVTransferConfig | None = None, quantization: str | None = None,
                  quantization_group_size: int | None = None, kv_cache_dtype: str = "auto",
-                 enforce_eager: bool = True, **knobs: Any) -> None:
+                 enforce_eager: bool = True, float32_matmul_precision: str = "highest", **knobs: Any) -> None:
         """`model`: a path, None for the default SmolLM2, or an already `LoadedModel` (so sweeps load the
         weights once and build one engine per configuration; it comes quantized or not). `kv_transfer_config`:
         this engine's role in a disaggregated pair, if any. `quantization`: None (the float reference),
@@ -131,7 +131,10 @@ class LLMEngine:
         32, so only 32 is taken there). `kv_cache_dtype`: "auto" (the model's dtype) or
         a dtype to store K/V in (ref_engine/attention.py; "bfloat16" doubles the blocks a pool holds).
         `enforce_eager`: True (the default: on the course CPU compiling did not pay, benchmarks/RESULTS.md)
-        runs the model eagerly; False compiles its forward at start (ref_engine/model/compile.py).
+        runs the model eagerly; False compiles its forward at start (ref_engine/model/compile.py), or on a GPU
+        replays decode steps from CUDA graphs (ref_engine/cuda_graphs.py, `cudagraph_capture_sizes`).
+        `float32_matmul_precision`: "highest" (the default) or "high", TF32 for float32 matmuls on a GPU
+        (refused elsewhere; `loader.check_float32_matmul_precision`).
         `knobs`: `EngineConfig`'s and `ParallelConfig`'s (`tensor_parallel_size=2` runs the model on two worker
         processes, ref_engine/executor/; the workers stop with `shutdown()`, or when the engine is collected or
         its process exits)."""
@@ -158,9 +161,12 @@ class LLMEngine:
                                  f"quantization={model.quantization!r} (pass load_model(..., quantization=...))")
             loaded = model
             self.device = next(model.model.parameters()).device
+            check_float32_matmul_precision(float32_matmul_precision, next(model.model.parameters()).dtype,
+                                           self.device)
         else:
             self.device = torch.device(device) if device else torch.device(
                 "cuda" if torch.cuda.is_available() else "cpu")
+            check_float32_matmul_precision(float32_matmul_precision, dtype, self.device)  # before the slow load
             loaded = load_model(model, dtype=dtype, device=self.device, quantization=quantization,
                                 quantization_group_size=(DEFAULT_GROUP_SIZE if quantization_group_size is None
                                                          else quantization_group_size))
@@ -180,7 +186,7 @@ class LLMEngine:
         draft_footprint = None if draft is None else draft.footprint(self.config.block_size, self.dtype)
         self.model_executor = make_executor(WorkerConfig(
             loaded.path, self.dtype, loaded.quantization, self.kv_cache_dtype, self.config, parallel_config,
-            self.device, enforce_eager, draft=draft_footprint), loaded)
+            self.device, enforce_eager, float32_matmul_precision, draft=draft_footprint), loaded)
         try:  # the workers must not outlive an engine that fails to start
             self.num_kv_blocks = self.model_executor.determine_num_kv_blocks()
             self.cache_namespace = cache_namespace(loaded, self.dtype, self.kv_cache_dtype)

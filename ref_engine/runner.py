@@ -19,13 +19,16 @@ Under tensor parallelism each worker has its own runner over its share of the mo
 
 With `enforce_eager=False` the model's forward runs compiled (ref_engine/model/compile.py), and the runner
 compiles it when it is built, on two dummy passes (1 token and 2), so that the first request's step does not
-pay for compiling and a compiler that fails stops the engine at start.
+pay for compiling and a compiler that fails stops the engine at start. On a GPU (one rank) it means CUDA graphs
+instead (ref_engine/cuda_graphs.py): decode steps replay graphs captured at `cudagraph_capture_sizes`, other
+steps run eagerly, and the cache has one block more than the pool for the graphs' padding rows to write to.
 
 Lesson: lessons/02-paged-attention.md (block table and slot mapping); lessons/05-speculative-decoding.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +37,7 @@ from core.arch_config import ArchConfig
 from core.interfaces import SchedulerOutput
 from core.math_utils import cdiv
 from ref_engine.attention import AttentionMetadata, allocate_kv_cache
+from ref_engine.cuda_graphs import CUDAGraphRunner, uses_cuda_graphs
 from ref_engine.model.compile import compile_decoder
 
 
@@ -56,20 +60,27 @@ def synchronize(device: torch.device) -> None:
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, arch: ArchConfig, *, num_kv_blocks: int, num_swap_blocks: int,
                  block_size: int, dtype: torch.dtype, device: torch.device, enforce_eager: bool = True,
-                 tensor_parallel_size: int = 1, compute_logits: bool = True) -> None:
+                 tensor_parallel_size: int = 1, compute_logits: bool = True,
+                 cudagraph_capture_sizes: Sequence[int] = (), max_model_len: int | None = None) -> None:
         """`tensor_parallel_size`: the model is one rank's share, and its KV cache holds that rank's KV heads;
-        `compute_logits`: run the LM head (on tensor-parallel rank 0 only: the engine samples from its rows)."""
+        `compute_logits`: run the LM head (on tensor-parallel rank 0 only: the engine samples from its rows);
+        `cudagraph_capture_sizes` (`cuda_graphs.capture_sizes`), `max_model_len`: the decode graphs' shapes."""
         self.model = model
         self.block_size = block_size
         self.device = device
         self.compute_logits = compute_logits
-        self.kv_caches = allocate_kv_cache(arch, num_kv_blocks, block_size, dtype, device, tensor_parallel_size)
+        graphs = uses_cuda_graphs(enforce_eager, device, tensor_parallel_size, cudagraph_capture_sizes)
+        self.kv_caches = allocate_kv_cache(arch, num_kv_blocks + int(graphs), block_size, dtype, device,
+                                           tensor_parallel_size)  # + the graphs' scratch block, past the pool
+        self.cuda_graphs = CUDAGraphRunner(model, self.kv_caches, cudagraph_capture_sizes, block_size,
+                                           max_model_len) if graphs else None
         on_cuda = device.type == "cuda"
         self.host_kv_caches = allocate_kv_cache(arch, num_swap_blocks, block_size, dtype, torch.device("cpu"),
                                                 tensor_parallel_size, zeroed=False, pin_memory=on_cuda)
         self.copy_stream = torch.cuda.Stream(device) if on_cuda else None  # the copy plan's, beside the compute stream
-        self.forward = model if enforce_eager else compile_decoder(model)
-        if not enforce_eager:
+        compiles = not enforce_eager and not graphs  # graphs record the eager forward: see ref_engine/cuda_graphs.py
+        self.forward = compile_decoder(model) if compiles else model
+        if compiles:
             self._compile_now()
 
     @torch.inference_mode()
@@ -84,20 +95,22 @@ class ModelRunner:
             positions += range(s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens)
             if s.needs_logits:
                 logits_indices += range(len(input_ids) - 1 - s.num_draft_tokens, len(input_ids))
-        query_lens = [s.num_scheduled_tokens for s in output.scheduled]
-        meta = AttentionMetadata.build(
-            query_lens=query_lens,
-            seq_lens=[s.num_computed_tokens + s.num_scheduled_tokens for s in output.scheduled],
-            block_tables=[s.block_ids for s in output.scheduled],
-            block_size=self.block_size,
-            device=self.device,
-        )
-        hidden = self.forward(
-            torch.tensor(input_ids, dtype=torch.long, device=self.device),
-            torch.tensor(positions, dtype=torch.long, device=self.device),
-            self.kv_caches,
-            meta,
-        )
+        if self.cuda_graphs is not None and self.cuda_graphs.can_run(output.scheduled):
+            hidden = self.cuda_graphs.run(output.scheduled)
+        else:
+            meta = AttentionMetadata.build(
+                query_lens=[s.num_scheduled_tokens for s in output.scheduled],
+                seq_lens=[s.num_computed_tokens + s.num_scheduled_tokens for s in output.scheduled],
+                block_tables=[s.block_ids for s in output.scheduled],
+                block_size=self.block_size,
+                device=self.device,
+            )
+            hidden = self.forward(
+                torch.tensor(input_ids, dtype=torch.long, device=self.device),
+                torch.tensor(positions, dtype=torch.long, device=self.device),
+                self.kv_caches,
+                meta,
+            )
         request_ids = [s.request_id for s in output.scheduled if s.needs_logits]
         if not self.compute_logits:
             return ModelOutput(request_ids, None)

@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from core.config import INT4_GROUP_SIZES, KV_CACHE_DTYPES, QUANTIZATION_METHODS
+from core.config import DTYPES, INT4_GROUP_SIZES, KV_CACHE_DTYPES, QUANTIZATION_METHODS
 
 if TYPE_CHECKING:
     from core.config import EngineConfig
@@ -72,7 +72,7 @@ def add_generate_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate text with the reference engine")
     p.add_argument("prompts", nargs="+")
     p.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
                    help="int8: 8-bit weights; int4: 4-bit weights (a GGUF's own Q4_1 blocks), both weight-only; "
                         "speed and quality in benchmarks/RESULTS.md")
@@ -171,7 +171,7 @@ def _calibrate(args: argparse.Namespace) -> None:
 def add_calibrate_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser("calibrate", help="measure this machine with the engine and save its simulator profile")
     p.add_argument("--model", default=None)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
                    help="measure the int8 or int4 engine and save its profile, whose rates the simulator prices "
                         "under that name (int8: 1-byte weights; int4: 0.625 bytes a weight with its scales)")

@@ -3,7 +3,8 @@
 vLLM's worker, cut to what one rank needs. An executor (ref_engine/executor/) drives every worker through the
 same calls, in the engine's process (`UniProcExecutor`) or in a process of its own (`MultiprocExecutor`):
 
-1. `init_device`: join the engine's process group above degree 1 (ref_engine/distributed/);
+1. `init_device`: set its process's float32 matmul precision (TF32 or not); join the engine's process group above
+   degree 1 (ref_engine/distributed/);
 2. `load_model`: its share of the weights (ref_engine/model/linear.py). A worker process loads the model file
    itself and keeps its slice; the worker in the engine's process takes the engine's own model;
 3. `determine_num_kv_blocks`: the KV pool it can hold, by the core's rule (core/kv_sizing.py), from its own
@@ -29,13 +30,14 @@ from core.config import EngineConfig, ParallelConfig
 from core.interfaces import ScheduledRequest, SchedulerOutput
 from core.kv_sizing import DraftFootprint, num_kv_blocks
 from core.math_utils import cdiv
+from ref_engine.cuda_graphs import capture_sizes
 from ref_engine.distributed.parallel_state import (
     destroy_distributed_environment,
     get_tp_group,
     init_distributed_environment,
     rank_device,
 )
-from ref_engine.model.loader import LoadedModel, load_model
+from ref_engine.model.loader import LoadedModel, load_model, set_float32_matmul_precision
 from ref_engine.runner import ModelOutput, ModelRunner
 
 
@@ -51,6 +53,7 @@ class WorkerConfig:
     parallel_config: ParallelConfig
     device: torch.device  # the engine's: rank r of an engine on cuda:i runs on cuda:i+r (`rank_device`)
     enforce_eager: bool = True
+    float32_matmul_precision: str = "highest"  # "high": TF32 on CUDA, set in each worker's process
     draft: DraftFootprint | None = None  # a draft model's, run beside rank 0 on its device (spec_decode.py)
 
 
@@ -89,6 +92,7 @@ class Worker:
         self.model_runner: ModelRunner | None = None
 
     def init_device(self) -> None:
+        set_float32_matmul_precision(self.worker_config.float32_matmul_precision, self.device)
         if self.tp_size > 1:
             init_distributed_environment(self.rank, self.tp_size, self.distributed_init_method, self.device)
 
@@ -153,7 +157,9 @@ class Worker:
         self.model_runner = ModelRunner(
             self.loaded.model, self.loaded.arch, num_kv_blocks=num_kv_blocks, num_swap_blocks=num_swap_blocks,
             block_size=c.config.block_size, dtype=c.kv_cache_dtype, device=self.device,
-            enforce_eager=c.enforce_eager, tensor_parallel_size=self.tp_size, compute_logits=self.rank == 0)
+            enforce_eager=c.enforce_eager, tensor_parallel_size=self.tp_size, compute_logits=self.rank == 0,
+            cudagraph_capture_sizes=capture_sizes(c.config.cudagraph_capture_sizes, c.config.max_num_seqs),
+            max_model_len=c.config.max_model_len)
         return sum(t.numel() * t.element_size() for t in self.model_runner.kv_caches)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> WorkerOutput:
