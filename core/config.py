@@ -25,9 +25,18 @@ SpeculativeMethod = Literal["ngram", "draft_model"]
 # How the engine may store its weights besides the float reference (ref_engine/model/quantization.py): a
 # load-time choice, not a scheduler knob, listed here because the command lines offer it without torch.
 QUANTIZATION_METHODS = ("int8", "int4")
+# Weights per int4 scale and zero that torch's int4 kernel takes (ref_engine/model/int4.py); listed here for
+# the command lines too.
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+# What the engine computes in (vLLM's `dtype`, less its "auto": float32 is this engine's reference, whatever the
+# checkpoint stores). Also a load-time choice (ref_engine/model/loader.py), listed here for the same reason.
+DTYPES = ("float32", "bfloat16", "float16")
 # What the KV cache may be stored in (vLLM's `kv_cache_dtype`): "auto" is the model's dtype. Also a load-time
-# choice (ref_engine/attention.py), listed here for the same reason.
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
+# choice (ref_engine/attention.py).
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+# How float32 matmuls may round on a GPU (torch's `set_float32_matmul_precision` names, as vLLM's
+# VLLM_FLOAT32_MATMUL_PRECISION): "highest", full float32; "high", TF32 tensor cores (10-bit mantissa products).
+FLOAT32_MATMUL_PRECISIONS = ("highest", "high")
 # Where an engine's tensor-parallel ranks run (vLLM's names): "uni", one worker in the engine's process; "mp",
 # one worker process per rank (ref_engine/executor/).
 DistributedExecutorBackend = Literal["uni", "mp"]
@@ -100,6 +109,9 @@ class EngineConfig:
     prompt_lookup_min: int = 2  # "ngram": the shortest
     speculative_disable_by_batch_size: int | None = 4  # speculate only while at most this many requests run
     # (None: always); a big batch is compute-bound already, so verifying k more tokens each costs real time
+    # CUDA graphs (ref_engine/cuda_graphs.py): the decode batch sizes captured under enforce_eager=False on a
+    # GPU (vLLM's name). None: vLLM's list (1, 2, 4, multiples of 8, from 256 of 16) up to max_num_seqs; () none
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         positive = ("block_size", "max_num_seqs", "max_num_batched_tokens")
@@ -127,6 +139,7 @@ class EngineConfig:
         _check_choice("scheduling", self.scheduling, tuple(SCHEDULERS))
         _check_choice("kv_allocation", self.kv_allocation, ("paged", "contiguous", "contiguous_exact"))
         self._check_speculative()
+        self._check_cudagraph_capture_sizes()
         self._check_prefill_budgets()
         self._check_policy()
         if (not self.enable_chunked_prefill and self.max_model_len is not None
@@ -160,6 +173,23 @@ class EngineConfig:
             num_layers = self.speculative_model.removeprefix("self:")
             if not num_layers.isdigit() or int(num_layers) < 1:
                 raise ValueError(f"speculative_model='self:L' needs L >= 1 layers, got {self.speculative_model!r}")
+
+    def _check_cudagraph_capture_sizes(self) -> None:
+        """Sizes kept sorted and unique, as a tuple (the config stays hashable); each a positive integer no larger
+        than max_num_seqs, the most decode rows a step has."""
+        sizes = self.cudagraph_capture_sizes
+        if sizes is None:
+            return
+        try:
+            sizes = sorted(set(sizes))
+        except TypeError:
+            raise ValueError(f"cudagraph_capture_sizes must be a list of positive integers or None (vLLM's "
+                             f"default sizes), got {self.cudagraph_capture_sizes!r}") from None
+        for size in sizes:
+            if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= self.max_num_seqs:
+                raise ValueError(f"cudagraph_capture_sizes holds {size!r}; each size must be an integer from 1 to "
+                                 f"max_num_seqs ({self.max_num_seqs}): a decode step has at most that many rows")
+        object.__setattr__(self, "cudagraph_capture_sizes", tuple(sizes))
 
     def _check_prefill_budgets(self) -> None:
         threshold = self.long_prefill_token_threshold

@@ -8,18 +8,23 @@ KV blocks:
                           / bytes_per_block)
 
 The engine measures the device memory and the loaded weights with torch; the simulator reads them from a
-hardware profile and the model's dims. Both estimate the activation peak with
-`ArchConfig.peak_activation_bytes` (vLLM measures it in a dummy step), so the same config, model and memory
-give the same pool on both sides. A CPU has no device memory to profile (the pool would share RAM with
-everything else), so there the pool is a fixed `CPU_KV_CACHE_MEMORY`. `EngineConfig.num_kv_blocks`, then
+hardware profile and the model's dims. The simulator estimates the activation peak with
+`ArchConfig.peak_activation_bytes`; the engine on a GPU measures it as vLLM does, in a dummy step at the
+largest batch (ref_engine/worker/), so on a GPU the two pools differ by that estimate's error alone. A CPU
+has no device memory to profile (the pool would share RAM with everything else), so there the pool is a
+fixed `CPU_KV_CACHE_MEMORY` on both sides. `EngineConfig.num_kv_blocks`, then
 `EngineConfig.kv_cache_memory`, override the rule.
+
+A draft model (`speculative_method="draft_model"`) keeps a pool of its own whose block ids are the target's,
+one for one, so a block id costs the target's bytes and the draft's: with its `DraftFootprint` the rule cuts
+the memory into blocks of both, and the draft's own weights come off the budget beside the target's.
 
 Lesson: lessons/02-paged-attention.md (the pool is what the weights leave).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from core.config import EngineConfig
 
@@ -27,8 +32,17 @@ CPU_KV_CACHE_MEMORY = 1 << 30  # bytes of KV pool on a CPU when no size is confi
 MAX_SWAP_SHARE = 0.7  # the largest share of the host's memory that swap_space may take
 
 
+@dataclass(frozen=True)
+class DraftFootprint:
+    """What a draft model adds on the device that runs it, for the pool's sizing."""
+
+    bytes_per_block: int  # one block of the draft's KV cache (its layers, its heads, its dtype)
+    weight_bytes: float = 0  # its own weights; 0 for speculative_model="self:L", which reuses the target's
+
+
 def num_kv_blocks(config: EngineConfig, bytes_per_block: int, *, device_memory: float | None = None,
-                  weight_bytes: float = 0, activation_bytes: float = 0, model: str = "the model") -> int:
+                  weight_bytes: float = 0, activation_bytes: float = 0, model: str = "the model",
+                  draft: DraftFootprint | None = None) -> int:
     """The KV pool of one device, in blocks; the first rule that applies:
 
     1. `config.num_kv_blocks`;
@@ -37,10 +51,15 @@ def num_kv_blocks(config: EngineConfig, bytes_per_block: int, *, device_memory: 
     4. what `config.gpu_memory_utilization` of `device_memory` leaves after `weight_bytes` and
        `activation_bytes` (all per device), in whole blocks.
 
-    ValueError when not one block fits; `model` names the model in the message.
+    With a `draft`, every block holds the target's `bytes_per_block` and the draft's, and the draft's weights
+    count beside `weight_bytes`. ValueError when not one block fits; `model` names the model in the message.
     """
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
+    if draft is not None:
+        bytes_per_block += draft.bytes_per_block
+        weight_bytes += draft.weight_bytes
+        model = f"{model} and its draft"
     memory = config.kv_cache_memory
     if memory is None and device_memory is None:
         memory = CPU_KV_CACHE_MEMORY

@@ -372,7 +372,9 @@ def disaggregation_vs_simulated(prompts: list[list[int]], sides: Sides, *, model
 
     config = config or EngineConfig()
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-    with DisaggregatedLLM(model, config, config, dtype=dtype) as llm:
+    # both engines run on this machine's one device: on a GPU each may take half the config's share of it
+    pair_config = config.replace(gpu_memory_utilization=config.gpu_memory_utilization / 2)
+    with DisaggregatedLLM(model, pair_config, pair_config, dtype=dtype) as llm:
         llm.generate(prompts[0][:8], SamplingParams(max_tokens=2))  # warm-up: first-call costs, not measured
         timings = [out.disagg_timings for out in llm.generate(prompts, params)]
     link = KVLink.fit([t.transfer_bytes for t in timings], [t.transfer_s for t in timings])

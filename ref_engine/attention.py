@@ -10,7 +10,7 @@ This module owns three things:
 * `paged_attention`, a pure-torch reference that runs on CPU and CUDA.
 
 The cache may be stored in a narrower dtype than the model computes in (`kv_cache_dtype`, vLLM's knob:
-"bfloat16" under a float32 model halves the bytes per cached token, so the same memory holds twice the
+"bfloat16" or "float16" under a float32 model halves the bytes per cached token, so the same memory holds twice the
 blocks). K/V are rounded once, when written; attention reads them back in the model's dtype.
 
 How a token finds its K/V: token `i` of request `r` sits at position `p` of that request. Its K/V live in
@@ -54,13 +54,16 @@ class AttentionMetadata:
     seq_lens_list: list[int]
     block_size: int
 
-    # Derived once per step in __post_init__ and shared by all layers (see `paged_attention`).
-    decode_token_indices: torch.Tensor = field(init=False, repr=False)  # rows with query_len == 1
-    decode_block_tables: torch.Tensor = field(init=False, repr=False)  # [num_decodes, blocks needed]
-    decode_key_mask: torch.Tensor = field(init=False, repr=False)  # [num_decodes, 1, 1, max_ctx]
-    prefill_reqs: list[tuple[int, int]] = field(init=False, repr=False)  # (request, first row), query_len > 1
+    # Derived once per step in __post_init__ and shared by all layers (see `paged_attention`), unless given
+    # (`fixed_decode`: a CUDA graph's batch, whose shapes cannot follow the step's data).
+    decode_token_indices: torch.Tensor | None = field(default=None, repr=False)  # rows with query_len == 1
+    decode_block_tables: torch.Tensor | None = field(default=None, repr=False)  # [num_decodes, blocks needed]
+    decode_key_mask: torch.Tensor | None = field(default=None, repr=False)  # [num_decodes, 1, 1, max_ctx]
+    prefill_reqs: list[tuple[int, int]] = field(default_factory=list, repr=False)  # (request, first row), query_len > 1
 
     def __post_init__(self) -> None:
+        if self.decode_key_mask is not None:  # given whole by `fixed_decode`
+            return
         device = self.block_tables.device
         decode_reqs = [r for r, n in enumerate(self.query_lens) if n == 1]
         first_rows = [0, *accumulate(self.query_lens)]
@@ -114,6 +117,23 @@ class AttentionMetadata:
         )
 
 
+    @classmethod
+    def fixed_decode(cls, slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                     block_size: int) -> AttentionMetadata:
+        """A pure-decode batch at a fixed shape, from device tensors only: one query per row, `block_tables`
+        `[rows, width]` read whole, keys past each row's `seq_lens` masked. What a CUDA graph captures
+        (ref_engine/cuda_graphs.py): no Python list is read and nothing is copied from the host, so the same
+        kernels serve every step whose data the graph's input buffers hold. `query_lens` and `seq_lens_list`
+        give the shape only (`width * block_size`, the longest context a row may have)."""
+        num_rows, width = block_tables.shape
+        rows = torch.arange(num_rows + 1, device=block_tables.device)
+        key_positions = torch.arange(width * block_size, device=block_tables.device)
+        return cls(query_start_loc=rows, seq_lens=seq_lens, slot_mapping=slot_mapping, block_tables=block_tables,
+                   query_lens=[1] * num_rows, seq_lens_list=[width * block_size] * num_rows, block_size=block_size,
+                   decode_token_indices=rows[:-1], decode_block_tables=block_tables,
+                   decode_key_mask=(key_positions < seq_lens[:, None])[:, None, None, :])
+
+
 def check_kv_cache_dtype(kv_cache_dtype: str) -> None:
     """A ValueError naming the knob and its choices for a KV-cache dtype this engine does not have."""
     if kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -129,7 +149,7 @@ def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch
 
 def allocate_kv_cache(
     arch: ArchConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str | None = None,
-    tensor_parallel_size: int = 1, zeroed: bool = True,
+    tensor_parallel_size: int = 1, zeroed: bool = True, pin_memory: bool = False,
 ) -> list[torch.Tensor]:
     """One `[2, num_blocks, block_size, num_kv_heads, head_dim]` tensor per layer, `num_kv_heads` being
     one tensor-parallel rank's share (`ArchConfig.num_kv_heads_per_device`).
@@ -138,10 +158,12 @@ def allocate_kv_cache(
     would still turn `0 * NaN` into NaN in the probability-weighted sum of values. `zeroed=False` is for the
     host's swap pool, which only ever holds whole blocks copied from the device's: left uninitialised, its
     pages cost nothing until a swap writes them (the default 4 GiB took 2-5 s to zero on a 2-core CPU).
+    `pin_memory=True` (a host pool beside a CUDA device) page-locks it, so that copies to and from the device
+    run asynchronously.
     """
     shape = (2, num_blocks, block_size, arch.num_kv_heads_per_device(tensor_parallel_size), arch.head_dim)
     make = torch.zeros if zeroed else torch.empty
-    return [make(shape, dtype=dtype, device=device) for _ in range(arch.num_layers)]
+    return [make(shape, dtype=dtype, device=device, pin_memory=pin_memory) for _ in range(arch.num_layers)]
 
 
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache_layer: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -177,7 +199,7 @@ def paged_attention(
       have different query lengths, so they run one request at a time with a causal mask that is offset
       by the tokens already cached.
 
-    SDPA accumulates in float32 internally, so float32 and bfloat16 models both work. A cache stored in
+    SDPA accumulates in float32 internally, so float32, bfloat16 and float16 models all work. A cache stored in
     another dtype than `q` (`kv_cache_dtype`) is read back in `q`'s dtype after the gather.
     """
     write_kv_cache(k, v, kv_cache_layer, meta.slot_mapping)

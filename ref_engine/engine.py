@@ -69,12 +69,13 @@ from ref_engine.detokenizer import IncrementalDetokenizer
 from ref_engine.executor import make_executor
 from ref_engine.kv_transfer.config import KVTransferConfig
 from ref_engine.kv_transfer.connector import KVTransferParams, make_kv_connector
-from ref_engine.model.loader import LoadedModel, load_model
+from ref_engine.model.int4 import DEFAULT_GROUP_SIZE
+from ref_engine.model.loader import LoadedModel, check_float32_matmul_precision, load_model
 from ref_engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ref_engine.runner import ModelRunner, synchronize
 from ref_engine.sampler import Sampler, SamplingMetadata, make_generator
 from ref_engine.sampling_params import RequestOutputKind, SamplingParams
-from ref_engine.spec_decode import Draft, RejectionSampler, make_proposer
+from ref_engine.spec_decode import Draft, RejectionSampler, load_draft_model, make_proposer
 from ref_engine.worker.worker import WorkerConfig
 
 PromptType = str | list[int] | dict[str, Any]
@@ -120,14 +121,20 @@ class LLMEngine:
     def __init__(self, model: str | Path | LoadedModel | None = None, *, dtype: str | torch.dtype = "float32",
                  device: str | torch.device | None = None, config: EngineConfig | None = None,
                  kv_transfer_config: KVTransferConfig | None = None, quantization: str | None = None,
-                 kv_cache_dtype: str = "auto", enforce_eager: bool = True, **knobs: Any) -> None:
+                 quantization_group_size: int | None = None, kv_cache_dtype: str = "auto",
+                 enforce_eager: bool = True, float32_matmul_precision: str = "highest", **knobs: Any) -> None:
         """`model`: a path, None for the default SmolLM2, or an already `LoadedModel` (so sweeps load the
         weights once and build one engine per configuration; it comes quantized or not). `kv_transfer_config`:
         this engine's role in a disaggregated pair, if any. `quantization`: None (the float reference),
-        "int8" (W8A8) or "int4" (weight-only), ref_engine/model/quantization.py. `kv_cache_dtype`: "auto" (the model's dtype) or
+        "int8" or "int4" (both weight-only), ref_engine/model/quantization.py. `quantization_group_size`: weights
+        per int4 scale and zero for a model quantized at load (None: 32; a GGUF's Q4_1 blocks keep their own
+        32, so only 32 is taken there). `kv_cache_dtype`: "auto" (the model's dtype) or
         a dtype to store K/V in (ref_engine/attention.py; "bfloat16" doubles the blocks a pool holds).
         `enforce_eager`: True (the default: on the course CPU compiling did not pay, benchmarks/RESULTS.md)
-        runs the model eagerly; False compiles its forward at start (ref_engine/model/compile.py).
+        runs the model eagerly; False compiles its forward at start (ref_engine/model/compile.py), or on a GPU
+        replays decode steps from CUDA graphs (ref_engine/cuda_graphs.py, `cudagraph_capture_sizes`).
+        `float32_matmul_precision`: "highest" (the default) or "high", TF32 for float32 matmuls on a GPU
+        (refused elsewhere; `loader.check_float32_matmul_precision`).
         `knobs`: `EngineConfig`'s and `ParallelConfig`'s (`tensor_parallel_size=2` runs the model on two worker
         processes, ref_engine/executor/; the workers stop with `shutdown()`, or when the engine is collected or
         its process exits)."""
@@ -142,16 +149,27 @@ class LLMEngine:
         check_kv_cache_dtype(kv_cache_dtype)  # before the slow load
         if not isinstance(enforce_eager, bool):
             raise ValueError(f"enforce_eager must be True or False, got {enforce_eager!r}")
+        if quantization_group_size is not None and quantization != "int4":
+            raise ValueError(f"quantization_group_size={quantization_group_size!r} sizes int4's groups; it needs "
+                             f"quantization='int4', got quantization={quantization!r}")
         if isinstance(model, LoadedModel):
+            if quantization_group_size is not None:
+                raise ValueError("quantization_group_size applies when the engine loads the model; the given "
+                                 "LoadedModel is already loaded (pass load_model(..., quantization_group_size=...))")
             if quantization != model.quantization and quantization is not None:
                 raise ValueError(f"quantization={quantization!r}, but the given LoadedModel was loaded with "
                                  f"quantization={model.quantization!r} (pass load_model(..., quantization=...))")
             loaded = model
             self.device = next(model.model.parameters()).device
+            check_float32_matmul_precision(float32_matmul_precision, next(model.model.parameters()).dtype,
+                                           self.device)
         else:
             self.device = torch.device(device) if device else torch.device(
                 "cuda" if torch.cuda.is_available() else "cpu")
-            loaded = load_model(model, dtype=dtype, device=self.device, quantization=quantization)
+            check_float32_matmul_precision(float32_matmul_precision, dtype, self.device)  # before the slow load
+            loaded = load_model(model, dtype=dtype, device=self.device, quantization=quantization,
+                                quantization_group_size=(DEFAULT_GROUP_SIZE if quantization_group_size is None
+                                                         else quantization_group_size))
         self.model_id = loaded.model_id
         self.arch = loaded.arch
         self.tokenizer = loaded.tokenizer
@@ -163,9 +181,12 @@ class LLMEngine:
         block_bytes = self.arch.kv_bytes_per_block(self.config.block_size, self.kv_cache_dtype.itemsize)
         self.config = with_swap_pool(self.config, block_bytes, host_memory=host_memory_bytes())
         self.parallel_config = parallel_config
+        # a draft model loads first: its pool shares the target's block ids, so the sizing counts it too
+        draft = load_draft_model(self.config, loaded, dtype=self.dtype, device=self.device)
+        draft_footprint = None if draft is None else draft.footprint(self.config.block_size, self.dtype)
         self.model_executor = make_executor(WorkerConfig(
             loaded.path, self.dtype, loaded.quantization, self.kv_cache_dtype, self.config, parallel_config,
-            self.device, enforce_eager), loaded)
+            self.device, enforce_eager, float32_matmul_precision, draft=draft_footprint), loaded)
         try:  # the workers must not outlive an engine that fails to start
             self.num_kv_blocks = self.model_executor.determine_num_kv_blocks()
             self.cache_namespace = cache_namespace(loaded, self.dtype, self.kv_cache_dtype)
@@ -174,7 +195,7 @@ class LLMEngine:
             self.model_executor.initialize_cache(self.num_kv_blocks, self.scheduler.num_swap_blocks)
             self.sampler = Sampler(self.config.seed, self.device)
             self.rejection_sampler = RejectionSampler(self.sampler)
-            self.proposer = make_proposer(self.config, loaded, self.sampler, num_kv_blocks=self.num_kv_blocks,
+            self.proposer = make_proposer(self.config, draft, self.sampler, num_kv_blocks=self.num_kv_blocks,
                                           dtype=self.dtype, device=self.device)
         except BaseException:
             self.model_executor.shutdown()

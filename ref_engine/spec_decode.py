@@ -39,6 +39,7 @@ from core.arch_config import ArchConfig
 from core.block_pool import BlockPool
 from core.config import EngineConfig
 from core.interfaces import ScheduledRequest, SchedulerOutput
+from core.kv_sizing import DraftFootprint
 from core.math_utils import cdiv
 from core.request import Request
 from ref_engine.model.loader import LoadedModel, load_model
@@ -52,6 +53,7 @@ from ref_engine.sampler import (
     softmax_probs,
     with_logprobs,
 )
+from ref_engine.worker import parameter_bytes
 
 
 @dataclass
@@ -195,29 +197,51 @@ def _common_prefix_len(a: list[int], b: list[int]) -> int:
 Proposer = NgramProposer | DraftModelProposer
 
 
-def make_proposer(config: EngineConfig, target: LoadedModel, sampler: Sampler, *, num_kv_blocks: int,
-                  dtype: torch.dtype, device: torch.device) -> Proposer | None:
-    """The proposer `config.speculative_method` names, or None when speculation is off. A draft model from
-    a path must share the target's vocabulary; "self:L" must leave out at least one of the target's layers."""
-    if config.speculative_method is None:
+@dataclass
+class DraftModel:
+    """The draft of `speculative_method="draft_model"`, loaded before the KV pools are sized: its pool
+    shares the target's block ids, so the sizing counts its blocks and weights (`footprint`)."""
+
+    model: nn.Module
+    arch: ArchConfig
+    weight_bytes: int  # its own weights on the device; 0 for "self:L", which reuses the target's
+
+    def footprint(self, block_size: int, dtype: torch.dtype) -> DraftFootprint:
+        """What it adds to a pool of blocks of `block_size` tokens kept in `dtype` (core/kv_sizing.py)."""
+        return DraftFootprint(self.arch.kv_bytes_per_block(block_size, dtype.itemsize), self.weight_bytes)
+
+
+def load_draft_model(config: EngineConfig, target: LoadedModel, *, dtype: torch.dtype,
+                     device: torch.device) -> DraftModel | None:
+    """The draft model `config.speculative_model` names, or None unless `speculative_method="draft_model"`.
+    A draft model from a path must share the target's vocabulary; "self:L" must leave out at least one of
+    the target's layers."""
+    if config.speculative_method != "draft_model":
         return None
-    if config.speculative_method == "ngram":
-        return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
     num_layers = config.draft_num_layers
     if num_layers is not None:
         if num_layers >= target.arch.num_layers:
             raise ValueError(f"speculative_model={config.speculative_model!r}: the target has "
                              f"{target.arch.num_layers} layers, so a self draft takes 1 to {target.arch.num_layers - 1}")
-        model, arch = EarlyExitDraft(target.model, num_layers), replace(target.arch, num_layers=num_layers)
-    else:
-        draft = load_model(config.speculative_model, dtype=dtype, device=device)
-        if draft.arch.vocab_size != target.arch.vocab_size:
-            raise ValueError(f"draft model {config.speculative_model!r} has a vocabulary of "
-                             f"{draft.arch.vocab_size} tokens, the target {target.arch.vocab_size}: "
-                             "a draft must share the target's tokenizer")
-        model, arch = draft.model, draft.arch
-    return DraftModelProposer(model, arch, sampler, num_kv_blocks=num_kv_blocks, block_size=config.block_size,
-                              dtype=dtype, device=device)
+        return DraftModel(EarlyExitDraft(target.model, num_layers), replace(target.arch, num_layers=num_layers), 0)
+    draft = load_model(config.speculative_model, dtype=dtype, device=device)
+    if draft.arch.vocab_size != target.arch.vocab_size:
+        raise ValueError(f"draft model {config.speculative_model!r} has a vocabulary of "
+                         f"{draft.arch.vocab_size} tokens, the target {target.arch.vocab_size}: "
+                         "a draft must share the target's tokenizer")
+    return DraftModel(draft.model, draft.arch, parameter_bytes(draft.model))
+
+
+def make_proposer(config: EngineConfig, draft: DraftModel | None, sampler: Sampler, *, num_kv_blocks: int,
+                  dtype: torch.dtype, device: torch.device) -> Proposer | None:
+    """The proposer `config.speculative_method` names, or None when speculation is off; "draft_model" runs
+    `draft` (`load_draft_model`) over a pool of `num_kv_blocks`, the target's count."""
+    if config.speculative_method is None:
+        return None
+    if config.speculative_method == "ngram":
+        return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    return DraftModelProposer(draft.model, draft.arch, sampler, num_kv_blocks=num_kv_blocks,
+                              block_size=config.block_size, dtype=dtype, device=device)
 
 
 # ---- verification ----

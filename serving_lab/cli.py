@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from core.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS
+from core.config import DTYPES, INT4_GROUP_SIZES, KV_CACHE_DTYPES, QUANTIZATION_METHODS
 
 if TYPE_CHECKING:
     from core.config import EngineConfig
@@ -41,7 +41,8 @@ def _generate(args: argparse.Namespace) -> None:
     from ref_engine import LLM, SamplingParams
     from ref_engine.sampling_params import RequestOutputKind
 
-    llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+    llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization,
+              quantization_group_size=args.quantization_group_size, kv_cache_dtype=args.kv_cache_dtype,
               enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
               allow_cpu_oversubscription=args.allow_cpu_oversubscription)
     engine, tokenizer = llm.llm_engine, llm.get_tokenizer()
@@ -71,10 +72,13 @@ def add_generate_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate text with the reference engine")
     p.add_argument("prompts", nargs="+")
     p.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
-                   help="int8: W8A8 with per-token activation scales; int4: 4-bit weights (a GGUF's own Q4_1 "
-                        "blocks); speed and quality in benchmarks/RESULTS.md")
+                   help="int8: 8-bit weights; int4: 4-bit weights (a GGUF's own Q4_1 blocks), both weight-only; "
+                        "speed and quality in benchmarks/RESULTS.md")
+    p.add_argument("--quantization-group-size", type=int, default=None,
+                   help=f"weights per int4 scale and zero for a model quantized at load: "
+                        f"{', '.join(map(str, INT4_GROUP_SIZES))} (default 32; a GGUF keeps its blocks' 32)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
                    help="what the KV cache stores K/V in (auto: the model's dtype)")
     p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True,
@@ -167,7 +171,7 @@ def _calibrate(args: argparse.Namespace) -> None:
 def add_calibrate_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser("calibrate", help="measure this machine with the engine and save its simulator profile")
     p.add_argument("--model", default=None)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
                    help="measure the int8 or int4 engine and save its profile, whose rates the simulator prices "
                         "under that name (int8: 1-byte weights; int4: 0.625 bytes a weight with its scales)")

@@ -106,10 +106,10 @@ class EngineSection(_Section):
     # The engine's numerics. None: float32, the reference that matches transformers token for token (vLLM's
     # own default is "auto", the checkpoint's dtype). int8: W8A8 with per-token scales; int4: weight-only
     # (a GGUF's own Q4_1 blocks); both on CPU kernels, computed in float32 around them.
-    dtype: Literal["float32", "bfloat16"] | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
     quantization: Literal["int8", "int4"] | None = None
     # What the KV cache stores K/V in (vLLM's --kv-cache-dtype). None or "auto": the engine's dtype.
-    kv_cache_dtype: Literal["auto", "float32", "bfloat16"] | None = None
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = None
     # vLLM's --enforce-eager: true (or None, our engine's default) runs the model eagerly; false compiles it
     # (ref_engine/model/compile.py). vLLM's own default is false (compile, and CUDA graphs on a GPU).
     enforce_eager: bool | None = None

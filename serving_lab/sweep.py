@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from core.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS, EngineConfig
+from core.config import DTYPES, KV_CACHE_DTYPES, QUANTIZATION_METHODS, EngineConfig
 from core.metrics import RunMetrics
 from serving_lab.manifest import Manifest, ManifestError, naming_keys, step_token_budget
 from serving_lab.workload_spec import parse_workload
@@ -75,7 +75,7 @@ KNOBS: dict[str, Knob] = {
     "num_speculative_tokens": Knob("config", "draft tokens per step with prompt lookup, 0 = off (lesson 5)"),
     "acceptance_rate": Knob("simulator", "the simulator's assumed share of accepted draft tokens (lesson 5)"),
     "dtype": Knob("simulator", "weight and activation dtype priced (lesson 1: bytes per weight)",
-                  engine_values=("float32", "bfloat16")),
+                  engine_values=DTYPES),
     "quantization": Knob("simulator", "int8 or int4 weights (null: none), priced as the linear layers' dtype",
                          engine_values=(None, "int8", "int4")),
     "kv_cache_dtype": Knob("simulator", "KV-cache dtype priced, e.g. fp8 with bfloat16 weights",

@@ -43,9 +43,9 @@ def vllm_serve_command(manifest: Manifest) -> str:
         flags.append(("--dtype", engine.dtype))
     if engine.kv_cache_dtype == "bfloat16":
         flags.append(("--kv-cache-dtype", engine.kv_cache_dtype))
-    elif engine.kv_cache_dtype == "float32":
-        notes.append("engine.kv_cache_dtype: float32 has no --kv-cache-dtype value in vLLM; its 'auto' stores "
-                     "K/V in the model's dtype, so --dtype float32 gives it")
+    elif engine.kv_cache_dtype in ("float32", "float16"):
+        notes.append(f"engine.kv_cache_dtype: {engine.kv_cache_dtype} has no --kv-cache-dtype value in vLLM; its "
+                     f"'auto' stores K/V in the model's dtype, so --dtype {engine.kv_cache_dtype} gives it")
     if engine.enforce_eager:
         flags.append(("--enforce-eager", None))
     if engine.quantization is not None:

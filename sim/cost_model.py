@@ -110,7 +110,7 @@ from core.arch_config import ArchConfig
 from core.config import EngineConfig
 from core.kv_sizing import num_kv_blocks
 from core.metrics import StepRecord
-from sim.hardware import WEIGHT_ONLY_DTYPES, HardwareProfile, dtype_bytes
+from sim.hardware import WEIGHT_ONLY_DTYPES, HardwareProfile, dtype_bytes, weight_format
 
 Combine = Literal["max", "sum"]
 
@@ -257,22 +257,24 @@ def activation_dtype(dtype: str, hardware: HardwareProfile) -> str:
     if dtype_bytes(dtype) >= 2:
         return dtype
     candidates = ("bfloat16", "float16", hardware.provenance.get("dtype"))
-    return next((d for d in candidates if d in hardware.peak_flops), dtype)
+    return next((d for d in candidates if d in hardware.peak_flops), weight_format(dtype))
 
 
 def compute_dtype(dtype: str, hardware: HardwareProfile) -> str:
-    """The dtype whose FLOP/s the linear layers run at under `dtype` weights: `dtype` itself, except a
-    weight-only format (`WEIGHT_ONLY_DTYPES`) that `hardware` has no rate for, which computes in the
-    activation dtype."""
-    if dtype in WEIGHT_ONLY_DTYPES and dtype not in hardware.peak_flops:
+    """The dtype whose FLOP/s the linear layers run at under `dtype` weights: `dtype` itself (the format it
+    is rated under: "int4-g128" is "int4"), except a weight-only format (`WEIGHT_ONLY_DTYPES`) that `hardware`
+    has no rate for, which computes in the activation dtype."""
+    rated = weight_format(dtype)
+    if rated in WEIGHT_ONLY_DTYPES and rated not in hardware.peak_flops:
         return activation_dtype(dtype, hardware)
-    return dtype
+    return rated
 
 
 def default_kv_cache_dtype(dtype: str, hardware: HardwareProfile) -> str:
     """The KV cache's dtype when none is given: the model's `dtype`, or for a weight-only format, and for
     the quantization a calibrated engine ran (provenance "quantization"), the activations'."""
-    weight_only = dtype in WEIGHT_ONLY_DTYPES or hardware.provenance.get("quantization") == dtype
+    rated = weight_format(dtype)
+    weight_only = rated in WEIGHT_ONLY_DTYPES or hardware.provenance.get("quantization") == rated
     return activation_dtype(dtype, hardware) if weight_only else dtype
 
 

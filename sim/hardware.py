@@ -65,16 +65,26 @@ from typing import Any
 from core.paths import cache_dir
 
 # Bytes per element of each dtype name used by profiles and the cost model. "int4" is a weight format,
-# priced per weight: 4 bits, plus a bfloat16 scale and zero shared by each group of INT4_GROUP_SIZE weights
-# (ref_engine/model/int4.py; a Q4_1 block of 32 stores fp16 ones, the same 4 bytes).
+# priced per weight: 4 bits, plus a bfloat16 scale and zero shared by each group of g weights
+# (ref_engine/model/int4.py; a Q4_1 block of 32 stores fp16 ones, the same 4 bytes). "int4" alone has groups
+# of INT4_GROUP_SIZE, the engine's default; "int4-g128" names another group size, as the engine labels
+# a model quantized with `quantization_group_size=128`.
 INT4_GROUP_SIZE = 32
+INT4_GROUPED_PREFIX = "int4-g"
+
+
+def int4_bytes(group_size: int) -> float:
+    """Bytes per int4 weight with its share of a 2-byte scale and a 2-byte zero per group of `group_size`."""
+    return 0.5 + 2 * 2 / group_size
+
+
 DTYPE_BYTES: dict[str, float] = {
     "float32": 4,
     "float16": 2,
     "bfloat16": 2,
     "fp8": 1,
     "int8": 1,
-    "int4": 0.5 + 2 * 2 / INT4_GROUP_SIZE,
+    "int4": int4_bytes(INT4_GROUP_SIZE),
 }
 # Formats that hold only weights: the product runs in the activation dtype (the weights dequantized in the
 # kernel's tiles), at its FLOP/s unless a profile measured the format itself, and the KV cache is kept in
@@ -86,11 +96,28 @@ GIGA = 1e9
 
 
 def dtype_bytes(dtype: str) -> float:
-    """Bytes per element of `dtype` ("float32", "bfloat16", ...); ValueError for an unknown name."""
+    """Bytes per element of `dtype` ("float32", "bfloat16", "int4-g128", ...); ValueError for an unknown name."""
+    if dtype.startswith(INT4_GROUPED_PREFIX):
+        return int4_bytes(int4_group_size(dtype))
     try:
         return DTYPE_BYTES[dtype]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}") from None
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}, "
+                         f"and {INT4_GROUPED_PREFIX}N (int4 in groups of N weights)") from None
+
+
+def int4_group_size(dtype: str) -> int:
+    """N of an "int4-gN" name (ValueError unless N is a positive integer)."""
+    digits = dtype.removeprefix(INT4_GROUPED_PREFIX)
+    if not digits.isdigit() or int(digits) < 1:
+        raise ValueError(f"dtype {dtype!r}: {INT4_GROUPED_PREFIX}N takes a positive group size N, e.g. int4-g128")
+    return int(digits)
+
+
+def weight_format(dtype: str) -> str:
+    """The format a dtype name is rated under: "int4-g128" is "int4" (a profile's int4 rate, weight-only);
+    any other name is itself."""
+    return "int4" if dtype.startswith(INT4_GROUPED_PREFIX) else dtype
 
 
 @dataclass

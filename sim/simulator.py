@@ -30,7 +30,8 @@ keyword. Defaults
 Speculative decoding (`config.speculative_method`): pass an `acceptance` model (sim/spec_decode.py: a
 rate per draft position, or the engine's counts replayed); a draft model's passes are priced on its own
 dims, `draft_arch` (default: the target's first L layers for `speculative_model="self:L"`, else the
-known model of that name).
+known model of that name), and its KV pool, which shares the target's block ids, and its own weights count
+in the pool's size as the engine counts them (`draft_footprint`).
 
 Invariant: the same workload and configuration give the same `RunMetrics` to the last digit. Nothing
 here reads a wall clock or an unseeded random source; workloads carry their own seed.
@@ -57,7 +58,7 @@ import simpy
 
 from core.arch_config import DEFAULT_MODEL_NAME, ArchConfig
 from core.config import EngineConfig
-from core.kv_sizing import num_kv_blocks, with_swap_pool
+from core.kv_sizing import DraftFootprint, num_kv_blocks, with_swap_pool
 from core.metrics import RunMetrics
 from core.scheduler import make_scheduler
 from core.workload import Workload
@@ -101,11 +102,12 @@ def device_block_bytes(arch: ArchConfig, block_size: int, kv_cache_dtype: str, t
 
 def num_kv_blocks_for(arch: ArchConfig, hardware: HardwareProfile, config: EngineConfig,
                       dtype: str = "bfloat16", tensor_parallel_size: int = 1, *, kv_cache_dtype: str | None = None,
-                      pipeline_parallel_size: int = 1) -> int:
+                      pipeline_parallel_size: int = 1, draft_arch: ArchConfig | None = None) -> int:
     """The KV pool of one replica (per device), by the engine's rule (`kv_sizing.num_kv_blocks`), with the
     device memory from the profile (none on a CPU profile, as on a real CPU) and the weights from the dims
     (`model_weight_bytes`). A device of a pipeline stage holds ceil(L / pp) layers' KV and 1 / (tp x pp) of
-    the weights."""
+    the weights. With `speculative_method="draft_model"`, `draft_arch`'s pool and weights count too
+    (`draft_footprint`)."""
     activation_bytes = dtype_bytes(activation_dtype(dtype, hardware))
     on_cpu = hardware.provenance.get("device_type") == "cpu"
     kv_dtype = kv_cache_dtype or default_kv_cache_dtype(dtype, hardware)
@@ -115,7 +117,16 @@ def num_kv_blocks_for(arch: ArchConfig, hardware: HardwareProfile, config: Engin
         weight_bytes=model_weight_bytes(arch, dtype, hardware) / (tensor_parallel_size * pipeline_parallel_size),
         activation_bytes=arch.peak_activation_bytes(config.max_num_batched_tokens, config.max_num_seqs,
                                                     activation_bytes),
-        model=arch.name)
+        model=arch.name, draft=None if draft_arch is None else draft_footprint(draft_arch, hardware, config, dtype))
+
+
+def draft_footprint(draft_arch: ArchConfig, hardware: HardwareProfile, config: EngineConfig,
+                    dtype: str) -> DraftFootprint:
+    """A draft model as the engine places it: whole (unsharded) beside the first device, its KV cache in the
+    weights' dtype, its weights its own unless it is the target's first layers ("self:L")."""
+    shares_weights = config.draft_num_layers is not None
+    return DraftFootprint(draft_arch.kv_bytes_per_block(config.block_size, dtype_bytes(dtype)),
+                          0 if shares_weights else model_weight_bytes(draft_arch, dtype, hardware))
 
 
 @dataclass(frozen=True)
@@ -168,9 +179,11 @@ class Simulator:
             self.cost_model = PipelineCostModel(
                 self.arch, self.hardware, dtype, tensor_parallel_size, pipeline_parallel_size,
                 block_size=self.config.block_size, kv_cache_dtype=self.kv_cache_dtype)
+        self.draft_arch = (self._draft_arch(opts.draft_arch) if self.config.speculative_method == "draft_model"
+                           else None)
         self.num_kv_blocks = opts.num_kv_blocks if opts.num_kv_blocks is not None else num_kv_blocks_for(
             self.arch, self.hardware, self.config, dtype, tensor_parallel_size, kv_cache_dtype=self.kv_cache_dtype,
-            pipeline_parallel_size=pipeline_parallel_size)
+            pipeline_parallel_size=pipeline_parallel_size, draft_arch=self.draft_arch)
         self.config = with_swap_pool(self.config, device_block_bytes(
             self.arch, self.config.block_size, self.kv_cache_dtype, tensor_parallel_size, pipeline_parallel_size))
         self.engine = resolve_engine(opts.engine)
@@ -185,8 +198,7 @@ class Simulator:
                              f"speculative_method, and that needs one; got {self.config.speculative_method!r} "
                              f"and acceptance={acceptance!r}")
         self.acceptance = acceptance
-        if self.config.speculative_method == "draft_model":
-            self.draft_arch = self._draft_arch(opts.draft_arch)
+        if self.draft_arch is not None:
             self.step_timer = DraftCostTimer(self.step_timer, CostModel(
                 self.draft_arch, self.hardware, dtype, tensor_parallel_size, block_size=self.config.block_size))
 

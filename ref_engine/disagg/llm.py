@@ -21,6 +21,11 @@ never be loaded is discarded. Blocks return to both pools; `stats()` shows it.
 Each engine is an `EngineCore` process (ref_engine/engine_core/, the same core the API server runs), driven
 through a `SyncMPClient`; the router waits on both with `wait_for_outputs`.
 
+Each role has its device (`prefill_device`, `decode_device`; both default to `device`, and that to the first
+GPU if there is one, else the CPU). Two roles on one GPU share it as two vLLM instances do: each sizes its
+KV pool from its own `gpu_memory_utilization` share of the whole device (in `prefill_config` and
+`decode_config`), so the pair is refused when the two shares add up to more than 1 (`place_pair`).
+
 Use it as a context manager (or call `close()`): it stops both processes. Engine processes are spawned,
 so a script that builds one needs the usual `if __name__ == "__main__":` guard.
 
@@ -34,6 +39,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+import torch
 
 from core.config import EngineConfig
 from ref_engine.disagg.timings import DisaggTimings
@@ -98,12 +105,15 @@ class DisaggregatedLLM:
 
     def __init__(self, model: str | Path | None = None, prefill_config: EngineConfig | None = None,
                  decode_config: EngineConfig | None = None, *, dtype: str = "float32", device: str | None = None,
+                 prefill_device: str | None = None, decode_device: str | None = None,
                  kv_connector: str = "SharedMemoryConnector", kv_connector_module_path: str | None = None,
                  kv_connector_extra_config: dict[str, Any] | None = None, timeout_s: float = 120.0,
                  startup_timeout_s: float = 300.0) -> None:
         """`model`: a path, or None for the default SmolLM2; each process loads its own copy. The two
-        configs may differ in anything but `block_size` (the K/V moves block by block). `timeout_s`: the
-        longest wait for any message from the engines while requests are pending, before they fail."""
+        configs may differ in anything but `block_size` (the K/V moves block by block). `device`: both
+        roles' device, unless `prefill_device` or `decode_device` names the role's own (`place_pair`).
+        `timeout_s`: the longest wait for any message from the engines while requests are pending, before
+        they fail."""
         prefill_config = prefill_config or EngineConfig()
         decode_config = decode_config or EngineConfig()
         if prefill_config.block_size != decode_config.block_size:
@@ -111,19 +121,21 @@ class DisaggregatedLLM:
                              f"and {decode_config.block_size}")
         if model is not None and not isinstance(model, (str, Path)):
             raise ValueError("model must be a path or None: each engine process loads its own copy")
+        prefill_device, decode_device = place_pair(prefill_device or device, decode_device or device,
+                                                   prefill_config, decode_config)
         self.timeout_s = timeout_s
         self._next_id = 0
         connector = dict(kv_connector=kv_connector, kv_connector_module_path=kv_connector_module_path,
                          kv_connector_extra_config=kv_connector_extra_config or {})
 
-        def engine(role: str, config: EngineConfig, kv_role: str) -> SyncMPClient:
+        def engine(role: str, config: EngineConfig, kv_role: str, device: str) -> SyncMPClient:
             # one torch thread each: the two engines share the machine's cores
             return SyncMPClient(EngineCoreArgs(model, dtype, device, num_threads=1, engine_kwargs={"config": config},
                                                kv_transfer_config=KVTransferConfig(kv_role=kv_role, **connector)),
                                 role)
 
-        self.prefill = engine("prefill", prefill_config, "kv_producer")
-        self.decode = engine("decode", decode_config, "kv_consumer")
+        self.prefill = engine("prefill", prefill_config, "kv_producer", prefill_device)
+        self.decode = engine("decode", decode_config, "kv_consumer", decode_device)
         try:
             for core in (self.prefill, self.decode):  # both load their model meanwhile
                 core.wait_ready(startup_timeout_s)
@@ -261,6 +273,27 @@ class DisaggregatedLLM:
                 self.prefill.call_utility_nowait("discard_kv", kv)
             except EngineDeadError:
                 pass
+
+
+def place_pair(prefill_device: str | None, decode_device: str | None, prefill_config: EngineConfig,
+               decode_config: EngineConfig) -> tuple[str, str]:
+    """The device each role's engine gets, spelt out: the one given, else the first GPU if this machine has
+    one (a bare "cuda" is "cuda:0", as in a fresh process), else "cpu". ValueError for two roles on one GPU
+    whose `gpu_memory_utilization` shares add up to more than the whole device."""
+    default = "cuda:0" if torch.cuda.is_available() else "cpu"
+    placed = []
+    for given in (prefill_device, decode_device):
+        device = torch.device(given or default)
+        placed.append(torch.device("cuda", 0) if device.type == "cuda" and device.index is None else device)
+    prefill, decode = placed
+    shares = prefill_config.gpu_memory_utilization, decode_config.gpu_memory_utilization
+    if prefill == decode and prefill.type == "cuda" and sum(shares) > 1:
+        raise ValueError(
+            f"the prefill and decode engines share {prefill}, and each may take its gpu_memory_utilization "
+            f"share of all of it: {shares[0]} + {shares[1]} > 1; lower prefill_config's and decode_config's "
+            "gpu_memory_utilization (e.g. 0.45 each), or give each role its own device (prefill_device, "
+            "decode_device)")
+    return str(prefill), str(decode)
 
 
 def _decode_prompt(prompt: PromptType, prefilled: RequestOutput) -> PromptType:

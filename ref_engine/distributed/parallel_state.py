@@ -2,8 +2,8 @@
 
 vLLM's `parallel_state`, cut to one group: all of an engine's ranks form one tensor-parallel group (no
 pipeline or data parallelism). `init_distributed_environment` joins it through torch.distributed, with gloo
-on a CPU and NCCL on CUDA (rank r on `cuda:r`), meeting at a rendezvous file the executor names
-(`file://...`: no TCP port to pick, so no race for one). `get_tp_group()` is this process's
+on a CPU and NCCL on CUDA (rank r of an engine on cuda:i on cuda:i+r), meeting at a rendezvous file the
+executor names (`file://...`: no TCP port to pick, so no race for one). `get_tp_group()` is this process's
 `GroupCoordinator`; the model's row-parallel layers all-reduce through it (communication_op.py).
 
 The coordinator adds up the wall time spent inside all-reduce calls, which the worker hands back with each
@@ -62,8 +62,9 @@ def distributed_backend(device: torch.device) -> str:
 
 
 def rank_device(device: torch.device, rank: int) -> torch.device:
-    """Where rank `rank` of an engine on `device` runs: its own GPU on CUDA, the shared CPU otherwise."""
-    return torch.device("cuda", rank) if device.type == "cuda" else device
+    """Where rank `rank` of an engine on `device` runs: on CUDA its own GPU, counted from the engine's (an
+    engine on cuda:1 keeps rank 0 there), the shared CPU otherwise."""
+    return torch.device("cuda", (device.index or 0) + rank) if device.type == "cuda" else device
 
 
 def cpu_cores() -> int:

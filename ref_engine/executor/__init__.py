@@ -39,9 +39,9 @@ def make_executor(worker_config: WorkerConfig, model: LoadedModel) -> Executor:
 def _check_machine(parallel: ParallelConfig, device: torch.device) -> None:
     tp = parallel.tensor_parallel_size
     if device.type == "cuda":
-        if tp > torch.cuda.device_count():
-            raise ValueError(f"tensor_parallel_size={tp} runs one rank per GPU, and this machine has "
-                             f"{torch.cuda.device_count()}")
+        if (device.index or 0) + tp > torch.cuda.device_count():
+            raise ValueError(f"tensor_parallel_size={tp} runs one rank per GPU from {device} on, and this machine "
+                             f"has {torch.cuda.device_count()}")
         return
     cores = cpu_cores()
     if tp <= cores:

@@ -11,8 +11,9 @@ the per-operator dispatch. So:
   the layer loop around them runs in Python (a graph break inside a loop makes torch run that frame eagerly
   and compile the frames it calls).
 * The token dimension is dynamic (`dynamic=True`): one graph serves every flat batch of two or more tokens
-  and one a single token (torch specialises size 1), so no padding to fixed "capture sizes" (vLLM's CUDA
-  graphs need them; padding here would add matmul rows, the step's cost).
+  and one a single token (torch specialises size 1), so no padding to fixed "capture sizes" (CUDA graphs
+  need them, and on a GPU, where graphs replace compiling, decode steps do pad: ref_engine/cuda_graphs.py;
+  padding a CPU's step would add matmul rows, the step's cost).
 * Parameters are graph inputs, not constants (no inductor `freezing`), so the 30 layers, and every engine
   in the process, share those graphs: one compiled function, made once per process.
 * Inductor keeps what it compiled in its on-disk cache, so a second process only re-traces.

@@ -9,7 +9,7 @@ on the device and streams the weights into it:
 * a folder with `config.json`      -> Hugging Face safetensors checkpoint
 * a file starting with b"GGUF"     -> llama.cpp GGUF file
 
-Weights are computed in float32 or bfloat16, whatever the file stores, or with `quantization="int8"` in
+Weights are computed in float32, bfloat16 or float16 (`core.config.DTYPES`), whatever the file stores, or with `quantization="int8"` in
 int8 (ref_engine/model/quantization.py), or with `quantization="int4"` as 4-bit codes: a GGUF's own Q4_1
 blocks as they are, any other weight quantized in groups of `quantization_group_size` (ref_engine/model/int4.py).
 
@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from core.arch_config import ArchConfig
+from core.config import DTYPES, FLOAT32_MATMUL_PRECISIONS
 from ref_engine.model import store
 from ref_engine.model.int4 import DEFAULT_GROUP_SIZE, Int4Weight
 from ref_engine.model.llama import LlamaForCausalLM
@@ -41,7 +42,7 @@ from ref_engine.model.loader_hf import HFCheckpoint
 from ref_engine.model.quantization import check_quantization, quantize_model
 from ref_engine.model.tokenizer import Tokenizer
 
-SUPPORTED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+SUPPORTED_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 GGUF_MAGIC = b"GGUF"
 
 
@@ -149,11 +150,36 @@ def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    """`"bfloat16"` or `torch.bfloat16` -> `torch.bfloat16`; anything unsupported is a ValueError."""
+    """`"bfloat16"` or `torch.bfloat16` -> `torch.bfloat16`; anything unsupported is a ValueError naming the
+    knob and its choices."""
     name = str(dtype).removeprefix("torch.")
     if name not in SUPPORTED_DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}; supported: {', '.join(SUPPORTED_DTYPES)}")
+        raise ValueError(f"dtype={dtype!r} is not one this engine computes in; choices: "
+                         f"{', '.join(repr(d) for d in SUPPORTED_DTYPES)}")
     return SUPPORTED_DTYPES[name]
+
+
+def check_float32_matmul_precision(precision: str, dtype: torch.dtype | str, device: torch.device) -> None:
+    """A ValueError naming the knob for a `float32_matmul_precision` this engine cannot honour: not one of its
+    choices, or "high" (TF32, a mode of NVIDIA's tensor cores) on another device than CUDA or under a dtype that
+    has no float32 matmuls to round."""
+    if precision not in FLOAT32_MATMUL_PRECISIONS:
+        raise ValueError(f"float32_matmul_precision={precision!r} is not one this engine has; choices: "
+                         f"{', '.join(repr(p) for p in FLOAT32_MATMUL_PRECISIONS)}")
+    if precision == "high" and device.type != "cuda":
+        raise ValueError(f"float32_matmul_precision='high' lets CUDA tensor cores round float32 matmuls to TF32; "
+                         f"this engine is on {device.type}, which has no TF32 (use 'highest')")
+    if precision == "high" and resolve_dtype(dtype) != torch.float32:
+        raise ValueError(f"float32_matmul_precision='high' changes float32 matmuls only; dtype="
+                         f"{str(dtype).removeprefix('torch.')!r} has none (use 'highest', or dtype='float32')")
+
+
+def set_float32_matmul_precision(precision: str, device: torch.device) -> None:
+    """Apply `float32_matmul_precision` to this process's CUDA matmuls ("high": TF32, "highest": IEEE float32).
+    Process-wide, as torch's setting is: the engine started last in a process sets it for all. A CPU keeps its
+    own setting ("highest" is all it takes)."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if precision == "high" else "ieee"
 
 
 def _open_checkpoint(path: Path) -> HFCheckpoint | GGUFCheckpoint:

@@ -35,10 +35,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from core.config import QUANTIZATION_METHODS
+from core.config import INT4_GROUP_SIZES, QUANTIZATION_METHODS
 from ref_engine.model.int4 import (
     DEFAULT_GROUP_SIZE,
-    KERNEL_GROUP_SIZES,
     Int4Linear,
     Int4Weight,
     has_int4_kernel,
@@ -89,9 +88,9 @@ def check_quantization(quantization: str | None, dtype: torch.dtype, device: tor
         raise ValueError(f"quantization={quantization!r} computes in float32 around its quantized products; "
                          f"got dtype={str(dtype).removeprefix('torch.')!r} (use dtype='float32')")
     if quantization == "int4":
-        if group_size not in KERNEL_GROUP_SIZES:
+        if group_size not in INT4_GROUP_SIZES:
             raise ValueError(f"quantization_group_size={group_size!r} is not one the int4 kernel takes; choices: "
-                             f"{', '.join(map(str, KERNEL_GROUP_SIZES))}")
+                             f"{', '.join(map(str, INT4_GROUP_SIZES))}")
         if not has_int4_kernel(device):
             where = "this torch build lacks it" if device.type == "cpu" else f"this engine is on {device.type}"
             raise ValueError(f"quantization='int4' runs on torch's int4 CPU kernel "
@@ -143,5 +142,5 @@ def _int4_shard(linear: TransposedLinear, shard: int, name: str, group_size: int
     weight = linear.weight[:, linear.shard_offsets[shard]:linear.shard_offsets[shard + 1]].t()
     if weight.shape[1] % group_size:
         raise ValueError(f"quantization_group_size={group_size} does not divide the {weight.shape[1]} inputs of "
-                         f"{name!r}; choose one of {', '.join(map(str, KERNEL_GROUP_SIZES))} that does")
+                         f"{name!r}; choose one of {', '.join(map(str, INT4_GROUP_SIZES))} that does")
     return Int4Weight.quantize(weight, group_size)

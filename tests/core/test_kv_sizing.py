@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from core.config import EngineConfig
-from core.kv_sizing import CPU_KV_CACHE_MEMORY, num_kv_blocks, with_swap_pool
+from core.kv_sizing import CPU_KV_CACHE_MEMORY, DraftFootprint, num_kv_blocks, with_swap_pool
 from core.math_utils import cdiv
 
 PER_BLOCK = 1000
@@ -24,6 +24,18 @@ def test_the_first_rule_that_applies_sizes_the_pool():
 def test_a_cpu_gets_the_fixed_pool():
     assert num_kv_blocks(EngineConfig(), PER_BLOCK) == CPU_KV_CACHE_MEMORY // PER_BLOCK
     assert num_kv_blocks(EngineConfig(kv_cache_memory=4_000), PER_BLOCK) == 4
+
+
+def test_a_draft_model_shares_the_block_ids_so_each_block_costs_both_models():
+    device = dict(device_memory=100_000, weight_bytes=20_000, activation_bytes=5_000)
+    draft = DraftFootprint(bytes_per_block=250, weight_bytes=10_000)
+    # (100000 * 0.9 - 20000 - 10000 - 5000) // (1000 + 250)
+    assert num_kv_blocks(EngineConfig(), PER_BLOCK, **device, draft=draft) == 44
+    assert num_kv_blocks(EngineConfig(kv_cache_memory=7_500), PER_BLOCK, draft=draft) == 6
+    assert num_kv_blocks(EngineConfig(), PER_BLOCK, draft=draft) == CPU_KV_CACHE_MEMORY // 1250
+    assert num_kv_blocks(EngineConfig(num_kv_blocks=3), PER_BLOCK, draft=draft) == 3
+    with pytest.raises(ValueError, match="m and its draft needs"):
+        num_kv_blocks(EngineConfig(), PER_BLOCK, device_memory=100_000, weight_bytes=85_000, model="m", draft=draft)
 
 
 def test_no_room_for_a_block_is_an_error_that_names_the_model():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ref_engine import LLM, SamplingParams
 from ref_engine.model.int4 import Int4Linear, Int4Weight, has_int4_kernel
 from ref_engine.model.loader import load_model, quantized
 from ref_engine.model.loader_gguf import GGUFCheckpoint, dequantize, q4_1_parts
@@ -115,6 +116,19 @@ def test_a_group_size_that_does_not_divide_a_layer_names_the_layer(make_tiny_hf_
         load_model(folder, device="cpu", quantization="int4", quantization_group_size=128)
     model_id = load_model(folder, device="cpu", quantization="int4", quantization_group_size=64).model_id
     assert model_id.endswith("+int4-g64")
+
+
+@needs_int4_kernel
+def test_the_engine_takes_the_group_size_as_a_knob(make_tiny_hf_model):
+    """`LLM(quantization="int4", quantization_group_size=64)` quantizes in groups of 64 (the model's label
+    says so, as the simulator's dtype name "int4-g64" does); the knob without int4 is refused."""
+    folder = make_tiny_hf_model("llama", name="int4-llama")
+    with LLM(folder, device="cpu", quantization="int4", quantization_group_size=64, num_kv_blocks=8) as llm:
+        assert llm.llm_engine.model_id.endswith("+int4-g64")
+        assert llm.generate(["ab"], SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match="quantization_group_size=64 sizes int4's groups; it needs "
+                                         "quantization='int4', got quantization='int8'"):
+        LLM(folder, device="cpu", quantization="int8", quantization_group_size=64)
 
 
 @pytest.mark.slow

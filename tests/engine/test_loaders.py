@@ -10,6 +10,7 @@ Q6_K), so those start from random raw blocks with sane float16 scales.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -22,8 +23,9 @@ from safetensors.torch import load_file, save_file
 from tokenizers import pre_tokenizers
 
 from ref_engine.attention import AttentionMetadata, allocate_kv_cache
+from ref_engine.engine import LLMEngine
 from ref_engine.model import store
-from ref_engine.model.loader import load_model
+from ref_engine.model.loader import check_float32_matmul_precision, load_model, set_float32_matmul_precision
 from ref_engine.model.loader_gguf import dequantize
 
 # ---- reference decoders, one block at a time (ggml-quants.c) ----
@@ -274,14 +276,18 @@ def test_sharded_safetensors(make_tiny_hf_model, tmp_path):
                                rtol=0, atol=0)
 
 
-def test_bfloat16(make_tiny_hf_model):
-    folder = make_tiny_hf_model("llama", name="bf16")
-    fp32, bf16 = load_model(folder, dtype="float32", device="cpu"), load_model(folder, dtype=torch.bfloat16,
-                                                                               device="cpu")
-    assert all(p.dtype == torch.bfloat16 for p in bf16.model.parameters())
-    a, b = prefill_logits(fp32.model, PROMPT), prefill_logits(bf16.model, PROMPT)
+# bfloat16 keeps 8 significant bits, float16 11: its logits sit about 8x closer to float32's
+@pytest.mark.parametrize("dtype, min_correlation", [(torch.bfloat16, 0.99), (torch.float16, 0.9999)])
+def test_half_precision(make_tiny_hf_model, dtype, min_correlation):
+    folder = make_tiny_hf_model("llama", name="half")
+    fp32, half = load_model(folder, dtype="float32", device="cpu"), load_model(folder, dtype=dtype, device="cpu")
+    assert all(p.dtype == dtype for p in half.model.parameters())
+    if dtype == torch.float16:  # nn.Linear's layout on a CPU (TransposedLinear): its fast half GEMM
+        projections = [p for name, p in half.model.named_parameters() if name.endswith("proj.weight")]
+        assert projections and all(p.t().is_contiguous() and not p.is_contiguous() for p in projections)
+    a, b = prefill_logits(fp32.model, PROMPT), prefill_logits(half.model, PROMPT)
     assert b.dtype == torch.float32
-    assert torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1] > 0.99
+    assert torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1] > min_correlation
 
 
 # ---- errors ----
@@ -352,10 +358,42 @@ def test_wrong_tensor_shape(make_tiny_hf_model):
         load_model(folder)
 
 
-@pytest.mark.parametrize("dtype", ["float16", torch.float64, "int8"])
+@pytest.mark.parametrize("dtype", ["half", torch.float64, "int8"])
 def test_unsupported_dtype(dtype):
-    with pytest.raises(ValueError, match="unsupported dtype"):
+    with pytest.raises(ValueError, match=r"dtype=.* is not one this engine computes in; choices: 'float32', "
+                                         r"'bfloat16', 'float16'"):
         load_model(None, dtype=dtype)
+
+
+@pytest.mark.parametrize("precision, dtype, device, message", [
+    ("medium", "float32", "cpu", "float32_matmul_precision='medium' is not one this engine has; choices: 'highest', "
+                                 "'high'"),
+    ("high", "float32", "cpu", "float32_matmul_precision='high' lets CUDA tensor cores round float32 matmuls to TF32; "
+                               "this engine is on cpu, which has no TF32 (use 'highest')"),
+    ("high", "float16", "cuda", "float32_matmul_precision='high' changes float32 matmuls only; dtype='float16' has none"),
+])
+def test_float32_matmul_precision_names_the_knob(precision, dtype, device, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_float32_matmul_precision(precision, dtype, torch.device(device))
+
+
+def test_tf32_is_checked_before_loading_and_only_cuda_sets_it():
+    with pytest.raises(ValueError, match="this engine is on cpu, which has no TF32"):
+        LLMEngine("/no/such/model.gguf", device="cpu", float32_matmul_precision="high")
+    check_float32_matmul_precision("high", torch.float32, torch.device("cuda"))
+    check_float32_matmul_precision("highest", "bfloat16", torch.device("cpu"))
+    before = torch.backends.cuda.matmul.fp32_precision
+    set_float32_matmul_precision("high", torch.device("cpu"))
+    assert torch.backends.cuda.matmul.fp32_precision == before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 is a CUDA mode")
+def test_tf32_reaches_cuda_matmuls(make_tiny_hf_model):
+    loaded = load_model(make_tiny_hf_model("llama", name="tf32"), device="cuda")
+    LLMEngine(loaded, float32_matmul_precision="high")
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    LLMEngine(loaded)
+    assert torch.backends.cuda.matmul.fp32_precision == "ieee"
 
 
 # ---- the default model store ----

@@ -70,6 +70,7 @@ def test_a_quantized_engine_gives_each_request_the_same_tokens_alone_and_in_a_ba
 @pytest.mark.parametrize("kwargs, message", [
     (dict(quantization="int3"), "quantization='int3' is not a method this engine has; choices: None"),
     (dict(quantization="int8", dtype=torch.bfloat16), "computes in float32 around its quantized products"),
+    (dict(quantization="int4", dtype=torch.float16), "got dtype='float16' (use dtype='float32')"),
     (dict(quantization="int8", device=torch.device("cuda")), "runs on torch's CPU int8 weight-only kernel"),
 ])
 def test_bad_values_name_the_knob_and_the_choices(kwargs, message):

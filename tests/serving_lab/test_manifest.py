@@ -105,11 +105,20 @@ def test_numerics_reach_the_engine_the_simulator_and_vllm(tmp_path, capsys):
     assert bf16_kv.llm_kwargs()["kv_cache_dtype"] == bf16_kv.simulator_kwargs()["kv_cache_dtype"] == "bfloat16"
     assert Simulator(hardware="h100-sxm", **bf16_kv.simulator_kwargs()).kv_cache_dtype == "bfloat16"
     assert "kv_cache_dtype" not in load_manifest(EXAMPLE_MANIFEST).simulator_kwargs()  # auto: the priced dtype's
-    with pytest.raises(ManifestError, match=r"engine\.kv_cache_dtype: got 'fp4'; allowed: 'auto', 'float32' or 'bfloat16'"):
+    with pytest.raises(ManifestError, match=r"engine\.kv_cache_dtype: got 'fp4'; allowed: 'auto', 'float32', "
+                                            r"'bfloat16' or 'float16'"):
         load_manifest(EXAMPLE_MANIFEST, {"engine.kv_cache_dtype": "fp4"})
     assert bf16_kv.measured_llm_kwargs()["kv_cache_dtype"] == "bfloat16"  # the sweep's and the report's runner
     out = run_cli(["manifest", "--to-vllm", str(EXAMPLE_MANIFEST), "--kv-cache-dtype", "bfloat16"], capsys)
     assert vllm_flags(out)[1]["--kv-cache-dtype"] == "bfloat16"
+    f16 = load_manifest(EXAMPLE_MANIFEST, {"engine.dtype": "float16", "engine.kv_cache_dtype": "float16"})
+    assert f16.llm_kwargs()["dtype"] == f16.simulator_kwargs()["dtype"] == "float16"
+    assert Simulator(hardware="h100-sxm", **f16.simulator_kwargs()).dtype == "float16"
+    out = run_cli(["manifest", "--to-vllm", str(EXAMPLE_MANIFEST), "--dtype", "float16", "--kv-cache-dtype",
+                   "float16"], capsys)
+    assert vllm_flags(out)[1]["--dtype"] == "float16" and "--kv-cache-dtype" not in vllm_flags(out)[1]
+    assert any(line.startswith("# engine.kv_cache_dtype: float16 has no --kv-cache-dtype value in vLLM")
+               for line in out.splitlines())
 
 
 def test_enforce_eager_reaches_the_engine_and_vllm(capsys):

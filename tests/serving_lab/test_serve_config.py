@@ -260,3 +260,22 @@ def test_the_client_manifest_serves_a_streaming_chat_with_the_overrides():
     finally:
         server.handle_exit(signal.SIGTERM, None)
         thread.join(30)
+
+
+def test_the_int4_group_size_travels_in_the_engine_core_s_engine_kwargs(monkeypatch, tiny):
+    """`serve --quantization int4 --quantization-group-size 64` reaches the engine-core's `LLMEngine` keywords;
+    without the flag the engine's default (32) holds and nothing is passed."""
+    class Built(Exception):
+        pass
+
+    def capture(engine_args, served_model_name):
+        raise Built(engine_args)
+
+    monkeypatch.setattr("ref_engine.entrypoints.openai.api_server.AsyncLLM", capture)
+    sizes = []
+    for extra in (["--quantization-group-size", "64"], []):
+        args = cli.build_parser().parse_args(["serve", str(tiny), "--quantization", "int4", *extra])
+        with pytest.raises(Built) as built:
+            build_server(args, cli.serve_config(args))
+        sizes.append(built.value.args[0].engine_kwargs.get("quantization_group_size"))
+    assert sizes == [64, None]

@@ -19,7 +19,7 @@ from sim.cost_model import (
     kv_cache_num_blocks,
 )
 from sim.executor import CostModelTimer
-from sim.hardware import HardwareProfile
+from sim.hardware import HardwareProfile, dtype_bytes
 
 # ---- a tiny model and a made-up profile with round numbers ----------------------------------------
 #
@@ -102,6 +102,26 @@ def test_int4_weights_by_hand(tiny, toy_hw):
     calibrated = replace(hw, peak_flops={"int4": 3e8})  # a CPU profile fitted on the int4 engine
     assert CostModel(tiny, calibrated, dtype="int4", block_size=4).breakdown(shape).compute_s == pytest.approx(
         (5760 + 704) / 3e8)
+
+
+def test_an_int4_group_size_is_priced_by_its_bytes(tiny, toy_hw):
+    """"int4-g128" (the engine's label for `quantization_group_size=128`): 4 bits plus 4 bytes of scale and
+    zero per 128 weights, 0.53125 bytes a weight; the same FLOPs, and a profile's int4 rate still applies."""
+    hw = replace(toy_hw, peak_flops={"float32": 1e8, "bfloat16": 2e8})
+    shape = BatchShape.from_pairs([(1, 3), (1, 6)])
+    g128 = CostModel(tiny, hw, dtype="int4-g128", block_size=4).breakdown(shape)
+    assert g128.weight_bytes == 1184 * 0.53125 + 8 * 2 + 32 * 8 * 2 + 2 * 8 * 2 == 1189
+    g32 = CostModel(tiny, hw, dtype="int4", block_size=4).breakdown(shape)
+    assert (g128.compute_s, g128.kv_read_bytes) == (g32.compute_s, g32.kv_read_bytes)
+    calibrated = replace(hw, peak_flops={"int4": 3e8})
+    assert CostModel(tiny, calibrated, dtype="int4-g64", block_size=4).breakdown(shape).compute_s == pytest.approx(
+        (5760 + 704) / 3e8)
+
+
+@pytest.mark.parametrize("dtype", ["int4-g0", "int4-gx", "int4-g"])
+def test_a_bad_int4_group_size_is_named(dtype):
+    with pytest.raises(ValueError, match=f"dtype '{dtype}': int4-gN takes a positive group size N"):
+        dtype_bytes(dtype)
 
 
 def test_prefill_by_hand(tiny, toy_hw):
@@ -417,3 +437,13 @@ def test_the_default_timer_prices_a_steps_swaps_and_copies(tiny, toy_hw):
                                copy_blocks=[(6, 7)])
     assert timer.step_time(plain) == pytest.approx(model.step_time(shape))
     assert timer.step_time(swapping) == pytest.approx(model.step_time(shape) + model.block_copy_time(3, 1))
+
+
+def test_larger_int4_groups_leave_more_of_a_gpu_for_the_kv_pool():
+    """The simulator sizes a replica's pool from the weights' bytes: groups of 128 read 0.53 bytes a weight
+    against 0.625 at 32, so Llama-3.1-8B on an H100 keeps more blocks (the engine's rule, core/kv_sizing.py)."""
+    from sim import Simulator
+
+    blocks = {dtype: Simulator("llama-3.1-8b", "h100-sxm", dtype=dtype).num_kv_blocks
+              for dtype in ("bfloat16", "int4", "int4-g128")}
+    assert blocks["bfloat16"] < blocks["int4"] < blocks["int4-g128"]

@@ -194,6 +194,8 @@ def build_server(args: argparse.Namespace, config: EngineConfig | None = None) -
         knobs["tensor_parallel_size"] = args.tensor_parallel_size
     if getattr(args, "allow_cpu_oversubscription", False):
         knobs["allow_cpu_oversubscription"] = True
+    if getattr(args, "quantization_group_size", None) is not None:  # a load-time knob: the engine takes it
+        knobs["quantization_group_size"] = args.quantization_group_size
     if key_file is not None:
         scheduling_policy = config.scheduling_policy if config is not None else knobs.get("scheduling_policy", "fcfs")
         knobs |= tenant_knobs(policies, scheduling_policy)

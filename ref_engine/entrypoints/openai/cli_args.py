@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from core.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS
+from core.config import DTYPES, INT4_GROUP_SIZES, KV_CACHE_DTYPES, QUANTIZATION_METHODS
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -27,11 +27,14 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help='JSON: {"<key>": {"tenant": "...", "weight": 1.0, "max_num_seqs": null, '
                              '"max_pending_requests": null, "token_budget": null, "budget_window_s": 60, '
                              '"admin": false}}; without it every client is one tenant (a shared prefix cache)')
-    parser.add_argument("--dtype", default=argparse.SUPPRESS, choices=["float32", "bfloat16"],
+    parser.add_argument("--dtype", default=argparse.SUPPRESS, choices=list(DTYPES),
                         help="the weights' dtype (default: float32, the reference)")
     parser.add_argument("--quantization", default=argparse.SUPPRESS, choices=list(QUANTIZATION_METHODS),
-                        help="int8: W8A8 with per-token activation scales; int4: 4-bit weights, "
-                             "a GGUF's own Q4_1 blocks (ref_engine/model/quantization.py)")
+                        help="int8: 8-bit weights; int4: 4-bit weights, a GGUF's own Q4_1 blocks; both "
+                             "weight-only (ref_engine/model/quantization.py)")
+    parser.add_argument("--quantization-group-size", type=int, default=argparse.SUPPRESS,
+                        help=f"weights per int4 scale and zero for a model quantized at load: "
+                             f"{', '.join(map(str, INT4_GROUP_SIZES))} (default 32; a GGUF keeps its blocks' 32)")
     parser.add_argument("--kv-cache-dtype", default=argparse.SUPPRESS, choices=list(KV_CACHE_DTYPES),
                         help="what the KV cache stores K/V in (default: auto, the model's dtype)")
     parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
