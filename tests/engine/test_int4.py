@@ -119,6 +119,7 @@ def test_a_group_size_that_does_not_divide_a_layer_names_the_layer(make_tiny_hf_
 
 
 @needs_int4_kernel
+@pytest.mark.cpu_only(reason="int8 and int4 run on torch's CPU kernels (check_quantization refuses CUDA)")
 def test_the_engine_takes_the_group_size_as_a_knob(make_tiny_hf_model):
     """`LLM(quantization="int4", quantization_group_size=64)` quantizes in groups of 64 (the model's label
     says so, as the simulator's dtype name "int4-g64" does); the knob without int4 is refused."""
