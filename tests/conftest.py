@@ -1,4 +1,6 @@
-"""Model fixtures shared by the engine tests: the real SmolLM2 GGUF, and tiny random Hugging Face models."""
+"""Model fixtures shared by the engine tests: the real SmolLM2 GGUF, and tiny random Hugging Face models; the
+device every engine test builds its engines on (`--device`, default cpu: `--device cuda` runs the same tests
+on a GPU machine, as benchmarks/gpu_check.py does)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,26 @@ TINY_DIMS = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num
                  bos_token_id=256, eos_token_id=257)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--device", default="cpu", choices=("cpu", "cuda"),
+                     help="the device the engine tests build their engines on (default cpu; cuda on a GPU machine)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """`--device cuda` where torch sees no GPU is a usage error, said at once rather than by every test."""
+    if config.getoption("--device") == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise pytest.UsageError(f"--device cuda, but this torch ({torch.__version__}) sees no CUDA device")
+
+
+@pytest.fixture(scope="session")
+def device(request: pytest.FixtureRequest) -> str:
+    """The device engine tests build their engines on: `--device` (default "cpu")."""
+    return request.config.getoption("--device")
+
+
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """The default model's GGUF (pulled once into the cache folder by `store`)."""
@@ -25,11 +47,11 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2(smollm2_path: Path):
-    """Our SmolLM2-135M-Instruct, float32 on CPU, loaded once per test session."""
+def smollm2(smollm2_path: Path, device: str):
+    """Our SmolLM2-135M-Instruct, float32 on the tests' `device`, loaded once per test session."""
     from ref_engine.model.loader import load_model
 
-    return load_model(smollm2_path, dtype="float32", device="cpu")
+    return load_model(smollm2_path, dtype="float32", device=device)
 
 
 @pytest.fixture(scope="session")
@@ -82,10 +104,13 @@ def write_byte_tokenizer(folder: Path) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `long` skip unless SERVING_LAB_LONG_TESTS is set: each is over 10 s on the course CPU and
-    what it checks is also checked more cheaply by default, so CI's 30 minutes go to what only they cover."""
-    if os.environ.get("SERVING_LAB_LONG_TESTS"):
-        return
-    skip = pytest.mark.skip(reason="a long test (over 10 s on the course CPU): set SERVING_LAB_LONG_TESTS=1")
+    what it checks is also checked more cheaply by default, so CI's 30 minutes go to what only they cover.
+    Tests marked `cpu_only` skip under `--device cuda`, with their marker's reason."""
+    on_cuda = config.getoption("--device") == "cuda"
+    long_skip = pytest.mark.skip(reason="a long test (over 10 s on the course CPU): set SERVING_LAB_LONG_TESTS=1")
     for item in items:
-        if item.get_closest_marker("long"):
-            item.add_marker(skip)
+        if item.get_closest_marker("long") and not os.environ.get("SERVING_LAB_LONG_TESTS"):
+            item.add_marker(long_skip)
+        cpu_only = item.get_closest_marker("cpu_only")
+        if cpu_only and on_cuda:
+            item.add_marker(pytest.mark.skip(reason=f"CPU only: {cpu_only.kwargs['reason']}"))

@@ -24,9 +24,9 @@ async def collect(llm: AsyncLLM, params: SamplingParams, request_id: str) -> lis
     return [out async for out in llm.generate({"prompt_token_ids": [1, 2, 3]}, params, request_id)]
 
 
-def test_failures_stay_with_their_request_and_shutdown_ends_open_streams(make_tiny_hf_model):
+def test_failures_stay_with_their_request_and_shutdown_ends_open_streams(make_tiny_hf_model, device):
     tiny = make_tiny_hf_model("llama", name="async-llama")
-    llm = AsyncLLM(PoisonedEngineArgs(str(tiny), num_threads=1))
+    llm = AsyncLLM(PoisonedEngineArgs(str(tiny), device=device, num_threads=1))
 
     async def run():
         await llm.start()
@@ -61,12 +61,12 @@ def sample(llm: AsyncLLM, name: str) -> float:
     return llm.stat_logger.registry.get_sample_value(name, {"model_name": llm.model_name}) or 0.0
 
 
-def test_latency_starts_at_the_api_servers_arrival_and_preemptions_count_when_they_happen(make_tiny_hf_model):
+def test_latency_starts_at_the_api_servers_arrival_and_preemptions_count_when_they_happen(make_tiny_hf_model, device):
     """TTFT and e2e latency run from the arrival the API server stamps (carried across processes), not from
     when the core sees the request. A preemption is counted as it happens (each request once), not when the
     preempted request finishes, and the gauge shows requests waiting after one."""
     tiny = make_tiny_hf_model("llama", name="async-preempt-llama")
-    llm = AsyncLLM(PoisonedEngineArgs(str(tiny), num_threads=1, engine_kwargs={"num_kv_blocks": 16}))
+    llm = AsyncLLM(PoisonedEngineArgs(str(tiny), device=device, num_threads=1, engine_kwargs={"num_kv_blocks": 16}))
     long = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
 
     async def run():
@@ -103,13 +103,13 @@ def test_latency_starts_at_the_api_servers_arrival_and_preemptions_count_when_th
     asyncio.run(run())
 
 
-def test_a_request_that_breaks_the_step_or_its_output_fails_alone(make_tiny_hf_model):
+def test_a_request_that_breaks_the_step_or_its_output_fails_alone(make_tiny_hf_model, device):
     """A lone surrogate in `cache_salt` reaches no engine through the API server (a 400 there); sent to
     the core directly it either is refused at add_request or breaks the step that would hash it. Either
     way only that request fails and the loop serves on. Likewise an output this process fails to handle
     fails its own request only."""
     tiny = make_tiny_hf_model("llama", name="async-robust-llama")
-    llm = AsyncLLM(PoisonedEngineArgs(str(tiny), num_threads=1, engine_kwargs={"num_kv_blocks": 64}))
+    llm = AsyncLLM(PoisonedEngineArgs(str(tiny), device=device, num_threads=1, engine_kwargs={"num_kv_blocks": 64}))
     long = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
 
     async def run():

@@ -37,8 +37,8 @@ def tiny(make_tiny_hf_model) -> Path:
 
 
 @pytest.fixture(scope="module")
-def colocated(tiny):
-    return LLM(tiny, num_kv_blocks=64)
+def colocated(tiny, device):
+    return LLM(tiny, device=device, num_kv_blocks=64)
 
 
 def token_prompts(lens: list[int], seed: int = 0) -> list[list[int]]:
@@ -56,12 +56,12 @@ def assert_all_blocks_free(llm: DisaggregatedLLM) -> None:
         assert stats.num_unfinished_requests == stats.num_staged_requests == 0, f"{role}: {stats}"
 
 
-def test_greedy_outputs_equal_one_colocated_engine(tiny, colocated):
+def test_greedy_outputs_equal_one_colocated_engine(tiny, colocated, device):
     prompts = [*token_prompts(PROMPT_LENS), "Disaggregated prefill, then decode."]
     expected = colocated.generate(prompts, GREEDY, use_tqdm=False)
     arch = colocated.llm_engine.arch
     block_bytes = arch.kv_bytes_per_block(16, 4)
-    with DisaggregatedLLM(tiny, PREFILL, EngineConfig(num_kv_blocks=32), **TIMEOUTS) as llm:
+    with DisaggregatedLLM(tiny, PREFILL, EngineConfig(num_kv_blocks=32), device=device, **TIMEOUTS) as llm:
         outputs = llm.generate(prompts, GREEDY)
         for i, (out, ref) in enumerate(zip(outputs, expected)):
             assert out.outputs[0].token_ids == ref.outputs[0].token_ids, f"prompt {i} differs"
@@ -77,12 +77,12 @@ def test_greedy_outputs_equal_one_colocated_engine(tiny, colocated):
     assert kv_segments() == []
 
 
-def test_failures_stay_with_their_requests(tiny, colocated):
+def test_failures_stay_with_their_requests(tiny, colocated, device):
     """Request 1's K/V fails to save, request 2's fails to load, prompt 3 needs more blocks than the decode
     pool has; 0 and 4 finish as a colocated engine would."""
     prompts = token_prompts([20, 30, 25, 150, 40], seed=1)
     expected = colocated.generate(prompts, GREEDY, use_tqdm=False)
-    with DisaggregatedLLM(tiny, PREFILL, EngineConfig(num_kv_blocks=8), kv_connector="FaultyConnector",
+    with DisaggregatedLLM(tiny, PREFILL, EngineConfig(num_kv_blocks=8), device=device, kv_connector="FaultyConnector",
                           kv_connector_module_path="disagg_faults",
                           kv_connector_extra_config={"fail_save": ["1"], "fail_load": ["2"]}, **TIMEOUTS) as llm:
         with pytest.raises(DisaggregatedGenerateError) as failed:
@@ -98,9 +98,9 @@ def test_failures_stay_with_their_requests(tiny, colocated):
     assert kv_segments() == []
 
 
-def test_a_killed_decode_engine_fails_its_requests_and_nothing_hangs(tiny, colocated):
+def test_a_killed_decode_engine_fails_its_requests_and_nothing_hangs(tiny, colocated, device):
     prompts = token_prompts([12, 40, 27], seed=2)
-    llm = DisaggregatedLLM(tiny, PREFILL, EngineConfig(num_kv_blocks=32), **TIMEOUTS)
+    llm = DisaggregatedLLM(tiny, PREFILL, EngineConfig(num_kv_blocks=32), device=device, **TIMEOUTS)
     try:
         assert (llm.generate(prompts[0], GREEDY)[0].outputs[0].token_ids
                 == colocated.generate(prompts[0], GREEDY, use_tqdm=False)[0].outputs[0].token_ids)
@@ -121,11 +121,11 @@ def test_a_killed_decode_engine_fails_its_requests_and_nothing_hangs(tiny, coloc
 
 @pytest.mark.slow
 @pytest.mark.long  # 27 s: test_greedy_outputs_equal_one_colocated_engine checks the same equality on a tiny model
-def test_smollm2_greedy_outputs_equal_one_colocated_engine(smollm2_path):
+def test_smollm2_greedy_outputs_equal_one_colocated_engine(smollm2_path, device):
     prompts = ["The capital of France is", "Write a haiku about the sea.", "1, 2, 3, 4,"]
     params = SamplingParams(max_tokens=12, temperature=0.0)
-    expected = LLM(str(smollm2_path)).generate(prompts, params, use_tqdm=False)
-    with DisaggregatedLLM(str(smollm2_path), **TIMEOUTS) as llm:
+    expected = LLM(str(smollm2_path), device=device).generate(prompts, params, use_tqdm=False)
+    with DisaggregatedLLM(str(smollm2_path), device=device, **TIMEOUTS) as llm:
         outputs = llm.generate(prompts, params)
         assert_all_blocks_free(llm)
     for out, ref in zip(outputs, expected):

@@ -28,8 +28,8 @@ def tiny(make_tiny_hf_model):
 
 
 @pytest.fixture(scope="module")
-def loaded(tiny):
-    return load_model(tiny, dtype="float32", device="cpu")
+def loaded(tiny, device):
+    return load_model(tiny, dtype="float32", device=device)
 
 
 @pytest.fixture(scope="module")

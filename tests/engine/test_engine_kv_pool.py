@@ -19,6 +19,9 @@ from sim.hardware import HardwareProfile
 from sim.simulator import Simulator, num_kv_blocks_for
 from sim.spec_decode import AcceptanceRate
 
+pytestmark = pytest.mark.cpu_only(reason="a CPU engine: its fixed pool, and the GPU path with torch's memory "
+                                         "queries faked around it")
+
 
 @pytest.fixture(scope="module")
 def engine(make_tiny_hf_model):

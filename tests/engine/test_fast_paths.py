@@ -53,8 +53,12 @@ PATHS = {
 
 def runnable(name: str) -> object:
     lacks_kernel = name == "int4" and not has_int4_kernel(torch.device("cpu"))
-    return pytest.param(name, marks=pytest.mark.skipif(
-        lacks_kernel, reason="int4 runs on torch's CPU int4 kernel (aten._weight_int4pack_mm_for_cpu); this torch lacks it"))
+    marks = [pytest.mark.skipif(lacks_kernel, reason="int4 runs on torch's CPU int4 kernel "
+                                                     "(aten._weight_int4pack_mm_for_cpu); this torch lacks it")]
+    if "quantization" in PATHS[name].load:
+        marks.append(pytest.mark.cpu_only(reason="int8 and int4 run on torch's CPU kernels (check_quantization "
+                                                 "refuses CUDA)"))
+    return pytest.param(name, marks=marks)
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +68,10 @@ def tiny_folder(make_tiny_hf_model):
 
 @BATCHED_REGIMES
 @pytest.mark.parametrize("name", [runnable(n) for n in PATHS])
-def test_a_fast_path_runs_every_batched_regime_to_the_last_token(tiny_folder, name, knobs):
+def test_a_fast_path_runs_every_batched_regime_to_the_last_token(tiny_folder, name, knobs, device):
     path = PATHS[name]
     prompts = regime_prompts()
-    llm = LLM(load_model(tiny_folder, **path.load), kv_cache_dtype=path.kv_cache_dtype, **knobs)
+    llm = LLM(load_model(tiny_folder, device=device, **path.load), kv_cache_dtype=path.kv_cache_dtype, **knobs)
     outputs = llm.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in outputs] == [24] * len(prompts)
     engine = llm.llm_engine
@@ -84,12 +88,12 @@ def test_the_eval_metrics_are_exact_on_the_reference_against_itself(smollm2):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [runnable(n) for n in PATHS])
-def test_a_fast_path_stays_within_its_quality_bounds_on_smollm2(smollm2, smollm2_path, name):
+def test_a_fast_path_stays_within_its_quality_bounds_on_smollm2(smollm2, smollm2_path, name, device):
     path = PATHS[name]
     if "quantization" in path.load:  # a quantized copy: no second dequantization of the GGUF
         candidate = quantized(smollm2, path.load["quantization"])
     else:
-        candidate = load_model(smollm2_path, **path.load) if path.load else smollm2
+        candidate = load_model(smollm2_path, device=device, **path.load) if path.load else smollm2
     [quality] = compare_quality(smollm2, [candidate], eval_prompts(4), max_tokens=16,
                                 kv_cache_dtype=path.kv_cache_dtype)
     print(name, quality)

@@ -113,11 +113,13 @@ def test_a_group_size_that_does_not_divide_a_layer_names_the_layer(make_tiny_hf_
     folder = make_tiny_hf_model("llama", name="int4-llama")
     with pytest.raises(ValueError, match=r"quantization_group_size=128 does not divide the 64 inputs of "
                                          r"'model.layers.0.self_attn.q_proj.weight'"):
-        load_model(folder, quantization="int4", quantization_group_size=128)
-    assert load_model(folder, quantization="int4", quantization_group_size=64).model_id.endswith("+int4-g64")
+        load_model(folder, device="cpu", quantization="int4", quantization_group_size=128)
+    model_id = load_model(folder, device="cpu", quantization="int4", quantization_group_size=64).model_id
+    assert model_id.endswith("+int4-g64")
 
 
 @needs_int4_kernel
+@pytest.mark.cpu_only(reason="int8 and int4 run on torch's CPU kernels (check_quantization refuses CUDA)")
 def test_the_engine_takes_the_group_size_as_a_knob(make_tiny_hf_model):
     """`LLM(quantization="int4", quantization_group_size=64)` quantizes in groups of 64 (the model's label
     says so, as the simulator's dtype name "int4-g64" does); the knob without int4 is refused."""
@@ -132,6 +134,8 @@ def test_the_engine_takes_the_group_size_as_a_knob(make_tiny_hf_model):
 
 @pytest.mark.slow
 @needs_int4_kernel
+@pytest.mark.cpu_only(reason="quantizes the session's SmolLM2 for torch's CPU int4 kernel (check_quantization "
+                             "refuses CUDA)")
 def test_a_gguf_s_q4_1_blocks_are_not_requantized_to_another_group_size(smollm2):
     with pytest.raises(ValueError, match="stores 'model.layers.0.self_attn.q_proj.weight' in 4-bit groups of 32"):
         quantized(smollm2, "int4", group_size=64)

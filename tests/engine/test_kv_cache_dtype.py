@@ -21,8 +21,8 @@ def test_a_bad_value_names_the_knob_and_the_choices_before_loading():
 
 
 @pytest.fixture(scope="module")
-def tiny(make_tiny_hf_model):
-    return load_model(make_tiny_hf_model("llama", name="kv-dtype-llama"))
+def tiny(make_tiny_hf_model, device):
+    return load_model(make_tiny_hf_model("llama", name="kv-dtype-llama"), device=device)
 
 
 def test_bfloat16_halves_the_bytes_per_block(tiny):

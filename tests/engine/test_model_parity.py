@@ -66,14 +66,16 @@ def greedy_generate(model: LlamaForCausalLM, prompts: list[list[int]], max_new_t
     """Greedy decoding of all prompts, sharing one flat batch per step.
 
     `arrivals=None` runs the prompts one after another (batch of one). Blocks are handed out from the top
-    of the pool down, so block tables are non-contiguous, reversed and interleaved between requests.
+    of the pool down, so block tables are non-contiguous, reversed and interleaved between requests. Runs on
+    the model's device; the logits kept are on the CPU, where the reference's are.
     """
     arch = model.arch
     dtype = model.model.norm.weight.dtype
+    device = model.model.norm.weight.device
     if arrivals is None:
         return [greedy_generate(model, [p], max_new_tokens, [0], chunk_size, num_blocks)[0] for p in prompts]
     free_blocks = list(range(num_blocks))  # pop() takes the highest id first
-    kv_caches = allocate_kv_cache(arch, num_blocks, BLOCK_SIZE, dtype, "cpu")
+    kv_caches = allocate_kv_cache(arch, num_blocks, BLOCK_SIZE, dtype, device)
     seqs = [Sequence(tokens=list(p), prompt_len=len(p), arrival=a) for p, a in zip(prompts, arrivals)]
     step = 0
     while any(len(s.output) < max_new_tokens for s in seqs):
@@ -88,11 +90,12 @@ def greedy_generate(model: LlamaForCausalLM, prompts: list[list[int]], max_new_t
         input_ids = [t for s, n in zip(scheduled, query_lens) for t in s.tokens[s.num_computed:s.num_computed + n]]
         positions = [p for s, n in zip(scheduled, query_lens) for p in range(s.num_computed, s.num_computed + n)]
         seq_lens = [s.num_computed + n for s, n in zip(scheduled, query_lens)]
-        meta = AttentionMetadata.build(query_lens, seq_lens, [s.block_table for s in scheduled], BLOCK_SIZE, "cpu")
+        meta = AttentionMetadata.build(query_lens, seq_lens, [s.block_table for s in scheduled], BLOCK_SIZE, device)
         with torch.inference_mode():
-            hidden = model(torch.tensor(input_ids), torch.tensor(positions), kv_caches, meta)
+            hidden = model(torch.tensor(input_ids, device=device), torch.tensor(positions, device=device), kv_caches,
+                           meta)
             last_rows = meta.query_start_loc[1:] - 1  # each request's last new token
-            logits = model.compute_logits(hidden[last_rows])
+            logits = model.compute_logits(hidden[last_rows]).cpu()
         for s, n, row in zip(scheduled, query_lens, logits):
             s.num_computed += n
             if s.num_computed == len(s.tokens):  # caught up: this row predicts the next token
@@ -138,7 +141,7 @@ def assert_matches(seqs: list[Sequence], ref: Reference, logits_atol: float) -> 
 
 
 @pytest.fixture(scope="module", params=list(TINY_MODELS))
-def tiny(request, make_tiny_hf_model):
+def tiny(request, make_tiny_hf_model, device):
     """(our model, transformers reference) for one tiny family."""
     spec = dict(TINY_MODELS[request.param])
     folder = make_tiny_hf_model(spec.pop("family"), name=request.param, **spec)
@@ -146,7 +149,7 @@ def tiny(request, make_tiny_hf_model):
                                                                  dtype=torch.float32)
     ref = hf_reference(hf_model, TINY_PROMPTS)
     assert all(len(set(out)) > 3 for out in ref.outputs), "degenerate reference: raise the init scale"
-    return load_model(folder, dtype="float32", device="cpu").model, ref
+    return load_model(folder, dtype="float32", device=device).model, ref
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
@@ -156,11 +159,11 @@ def test_tiny_models_match_transformers(tiny, scenario):
     assert_matches(seqs, ref, logits_atol=1e-4)
 
 
-def test_hf_loader_reads_rope_parameters_and_ties(make_tiny_hf_model):
+def test_hf_loader_reads_rope_parameters_and_ties(make_tiny_hf_model, device):
     """transformers 5 nests rope settings under `rope_parameters`; the loader must still see them."""
     folder = make_tiny_hf_model("llama", name="rope-check", rope_scaling=LLAMA3_ROPE, rope_theta=50000.0,
                                 tie_word_embeddings=True)
-    loaded = load_model(folder, device="cpu")
+    loaded = load_model(folder, device=device)
     assert loaded.arch.rope_theta == 50000.0
     assert loaded.arch.rope_scaling["rope_type"] == "llama3"
     assert loaded.model.lm_head is loaded.model.model.embed_tokens

@@ -33,8 +33,8 @@ SEEDED = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=7, ignor
 
 
 @pytest.fixture(scope="module")
-def loaded(make_tiny_hf_model):
-    return load_model(make_tiny_hf_model("llama", name="prefix-llama", seed=3), dtype="float32", device="cpu")
+def loaded(make_tiny_hf_model, device):
+    return load_model(make_tiny_hf_model("llama", name="prefix-llama", seed=3), dtype="float32", device=device)
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,7 @@ def test_eviction_under_memory_pressure_keeps_outputs_and_invariants(seed, num_b
 
 # ---- cache identity, isolation labels, invalidation under load (issue 26) ----
 
-def test_the_cache_namespace_covers_the_weights_not_only_the_name(make_tiny_hf_model, tmp_path, base):
+def test_the_cache_namespace_covers_the_weights_not_only_the_name(make_tiny_hf_model, tmp_path, base, device):
     """Two checkpoints named alike ("chat") with other weights never share a block hash; the same file
     loaded twice does (as the two processes of a disaggregated pair). A file rewritten in place with other
     weights of the same size, its modification time then set back, is hashed again, not served from the
@@ -185,7 +185,7 @@ def test_the_cache_namespace_covers_the_weights_not_only_the_name(make_tiny_hf_m
     b = shutil.copytree(other, tmp_path / "b" / "chat")
 
     def hashes(path: Path) -> tuple[str, list[bytes]]:
-        engine = LLMEngine(load_model(path, dtype="float32", device="cpu"), block_size=BS)
+        engine = LLMEngine(load_model(path, dtype="float32", device=device), block_size=BS)
         request = engine.add_request("r", base[:16], GREEDY)
         return engine.cache_namespace, engine.scheduler.kv_cache_manager.block_hashes(request)
 

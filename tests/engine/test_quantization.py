@@ -21,6 +21,8 @@ from ref_engine.model.quantization import Int8Linear, check_quantization
 needs_int4_kernel = pytest.mark.skipif(not has_int4_kernel(torch.device("cpu")),
                                        reason="this torch has no CPU int4 kernel (aten._weight_int4pack_mm_for_cpu)")
 QUANTIZED_PATHS = ["int8", pytest.param("int4", marks=needs_int4_kernel)]
+# The quantized engines run on torch's CPU int8 and int4 kernels: `check_quantization` refuses any other device.
+cpu_kernels = pytest.mark.cpu_only(reason="int8 and int4 run on torch's CPU kernels (check_quantization refuses CUDA)")
 
 
 @pytest.mark.parametrize("rows", [1, 16, 64])
@@ -52,10 +54,11 @@ def test_a_quantized_projection_is_batch_invariant(quantization):
     assert torch.equal(together[5:37], linear(x[5:37]))
 
 
+@cpu_kernels
 @pytest.mark.parametrize("quantization", QUANTIZED_PATHS)
 def test_a_quantized_engine_gives_each_request_the_same_tokens_alone_and_in_a_batch(make_tiny_hf_model,
                                                                                      quantization):
-    loaded = load_model(make_tiny_hf_model("llama", name="quantized-llama"), quantization=quantization)
+    loaded = load_model(make_tiny_hf_model("llama", name="quantized-llama"), device="cpu", quantization=quantization)
     assert loaded.model_id.endswith(f"+{quantization}") and loaded.quantization == quantization
     prompts = [[1 + (i * 7 + j) % 250 for j in range(5 + 3 * i)] for i in range(6)]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -78,12 +81,13 @@ def test_bad_values_name_the_knob_and_the_choices(kwargs, message):
 
 @pytest.fixture(scope="module")
 def tiny_int8(make_tiny_hf_model):
-    return load_model(make_tiny_hf_model("llama", name="int8-llama"), quantization="int8")
+    return load_model(make_tiny_hf_model("llama", name="int8-llama"), device="cpu", quantization="int8")
 
 
+@cpu_kernels
 def test_a_quantized_copy_equals_a_quantized_load_and_leaves_the_float_model(make_tiny_hf_model):
     folder = make_tiny_hf_model("llama", name="int8-copy")
-    float32, int8 = load_model(folder), load_model(folder, quantization="int8")
+    float32, int8 = load_model(folder, device="cpu"), load_model(folder, device="cpu", quantization="int8")
     copied = quantized(float32, "int8")
     assert (copied.quantization, copied.model_id) == (int8.quantization, int8.model_id)
     assert float32.quantization is None and not float32.model_id.endswith("+int8")
@@ -94,12 +98,12 @@ def test_a_quantized_copy_equals_a_quantized_load_and_leaves_the_float_model(mak
         return [o.outputs[0].token_ids for o in LLM(loaded).generate(prompts, params, use_tqdm=False)]
 
     assert tokens(copied) == tokens(int8)
-    assert tokens(load_model(folder)) == tokens(float32)  # the float model is untouched
+    assert tokens(load_model(folder, device="cpu")) == tokens(float32)  # the float model is untouched
     with pytest.raises(ValueError, match="already quantized"):
         quantized(copied, "int8")
 
 
-def test_an_engine_refuses_a_model_loaded_with_another_quantization(make_tiny_hf_model):
-    loaded = load_model(make_tiny_hf_model("llama", name="int8-llama"))
+def test_an_engine_refuses_a_model_loaded_with_another_quantization(make_tiny_hf_model, device):
+    loaded = load_model(make_tiny_hf_model("llama", name="int8-llama"), device=device)
     with pytest.raises(ValueError, match="loaded with quantization=None"):
         LLM(loaded, quantization="int8")

@@ -15,11 +15,12 @@ from ref_engine.model.loader import load_model
 from ref_engine.runner import ModelRunner
 
 NUM_BLOCKS, BLOCK_SIZE = 6, 4
+pytestmark = pytest.mark.cpu_only(reason="CUDA's streams are faked around tensors on the CPU")
 
 
 @pytest.fixture(scope="module")
 def loaded(make_tiny_hf_model):
-    return load_model(make_tiny_hf_model("llama", name="swap-copies"))
+    return load_model(make_tiny_hf_model("llama", name="swap-copies"), device="cpu")
 
 
 class FakeStream:

@@ -49,8 +49,14 @@ LOGPROB_TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
-def tiny(make_tiny_hf_model):
-    return load_model(make_tiny_hf_model("llama", name="tp-llama"))
+def tiny(make_tiny_hf_model, device):
+    return load_model(make_tiny_hf_model("llama", name="tp-llama"), device=device)
+
+
+def skip_without_a_gpu_per_rank(device: str, tp: int) -> None:
+    """On CUDA rank r runs on cuda:r (`rank_device`): `tp` ranks need as many GPUs."""
+    if device == "cuda" and torch.cuda.device_count() < tp:
+        pytest.skip(f"tensor_parallel_size={tp} on CUDA needs {tp} GPUs; this machine has {torch.cuda.device_count()}")
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +86,8 @@ def decisions(step_records):
 
 @pytest.mark.parametrize("tp", [2, pytest.param(4, marks=[pytest.mark.slow, pytest.mark.long])],
                          ids=["tp2-kv-heads-split", "tp4-kv-heads-copied"])
-def test_tensor_parallel_greedy_outputs_equal_tp1(tiny, reference, tp):
+def test_tensor_parallel_greedy_outputs_equal_tp1(tiny, reference, tp, device):
+    skip_without_a_gpu_per_rank(device, tp)
     outputs, engine = run(tiny, tensor_parallel_size=tp, allow_cpu_oversubscription=True)
     expected, expected_steps = reference
     assert_same_outputs(outputs, expected)
@@ -98,14 +105,14 @@ def test_uniproc_and_multiproc_executors_agree_at_tp1(tiny, reference):
     assert engine.runner is None  # the runner lives in the worker process, not beside the engine
 
 
-def test_tp4_ranks_load_their_query_heads_and_copy_their_kv_head(tiny):
+def test_tp4_ranks_load_their_query_heads_and_copy_their_kv_head(tiny, device):
     """4 query heads and 2 KV heads over 4 ranks: rank r keeps query head r and KV head r // 2 (the one its
     query head reads), so ranks 0 and 1 hold the same K and V."""
     dim = tiny.arch.head_dim
     full = tiny.model.model.layers[0].self_attn.qkv_proj.weight  # [hidden, q | k | v]
     q_size, kv_size = tiny.arch.num_attention_heads * dim, tiny.arch.num_kv_heads * dim
     for rank in range(4):
-        qkv = load_model(tiny.path, tp_rank=rank, tp_size=4).model.model.layers[0].self_attn.qkv_proj.weight
+        qkv = load_model(tiny.path, device=device, tp_rank=rank, tp_size=4).model.model.layers[0].self_attn.qkv_proj.weight
         q, k, v = qkv.split([dim, dim, dim], dim=1)
         kv_head = slice((rank // 2) * dim, (rank // 2 + 1) * dim)
         assert torch.equal(q, full[:, rank * dim:(rank + 1) * dim])
@@ -113,7 +120,8 @@ def test_tp4_ranks_load_their_query_heads_and_copy_their_kv_head(tiny):
         assert torch.equal(v, full[:, q_size + kv_size:][:, kv_head])
 
 
-def test_a_killed_worker_ends_the_executor_naming_its_death(tiny):
+def test_a_killed_worker_ends_the_executor_naming_its_death(tiny, device):
+    skip_without_a_gpu_per_rank(device, 2)
     llm = LLM(tiny, **REGIMES, tensor_parallel_size=2)
     engine, executor = llm.llm_engine, llm.llm_engine.model_executor
     pids = executor.worker_pids
@@ -129,11 +137,12 @@ def test_a_killed_worker_ends_the_executor_naming_its_death(tiny):
         executor.execute_model(engine.scheduler.schedule(engine.now()))
 
 
+@pytest.mark.cpu_only(reason="the CPU's fixed KV pool, against the local-cpu profile")
 @pytest.mark.parametrize("tp", [1, 2])
 def test_each_rank_holds_the_kv_pool_the_simulator_gives(tiny, tp):
     """A rank's pool from its share of the KV heads, by the core's rule: with kv_cache_memory, and on a CPU's
     fixed pool (sized on one rank's shard, in the engine's process: no process group needed)."""
-    shard = load_model(tiny.path, tp_rank=0, tp_size=tp)
+    shard = load_model(tiny.path, device="cpu", tp_rank=0, tp_size=tp)
     for config in (EngineConfig(kv_cache_memory=3 << 20), EngineConfig()):
         config = config.for_model(tiny.arch.max_position_embeddings)
         worker = Worker(0, WorkerConfig(tiny.path, torch.float32, None, torch.float32, config,
@@ -148,8 +157,9 @@ def test_each_rank_holds_the_kv_pool_the_simulator_gives(tiny, tp):
 @pytest.mark.parametrize(("knobs", "message"), [
     (dict(tensor_parallel_size=3), r"tensor_parallel_size=3 does not split .* allowed: 1, 2, 4"),
     (dict(tensor_parallel_size=2, distributed_executor_backend="uni"), "distributed_executor_backend='uni'"),
-    (dict(tensor_parallel_size=4), r"tensor_parallel_size=4 is more ranks than this machine's 2 CPU cores.*"
-                                   "allow_cpu_oversubscription=True"),
+    pytest.param(dict(tensor_parallel_size=4), r"tensor_parallel_size=4 is more ranks than this machine's 2 CPU "
+                 "cores.*allow_cpu_oversubscription=True",
+                 marks=pytest.mark.cpu_only(reason="ranks share the CPU's cores; a CUDA rank has a GPU of its own")),
     (dict(tensor_parallel_size=2, kv_transfer_config=KVTransferConfig(kv_role="kv_producer")),
      "kv_transfer_config .* tensor_parallel_size=2"),
 ], ids=["heads", "uni-backend", "cores", "disaggregation"])
@@ -159,6 +169,7 @@ def test_what_cannot_run_is_refused_naming_the_knob(tiny, monkeypatch, knobs, me
         LLM(tiny, **knobs)
 
 
+@pytest.mark.cpu_only(reason="int8 runs on torch's CPU kernel (check_quantization refuses CUDA first)")
 def test_quantization_is_refused_above_tp1(tiny):
     with pytest.raises(ValueError, match=r"quantization='int8' runs on one rank only.*tensor_parallel_size=2"):
         LLM(quantized(tiny, "int8"), tensor_parallel_size=2)
@@ -166,8 +177,9 @@ def test_quantization_is_refused_above_tp1(tiny):
 
 @pytest.mark.slow
 @pytest.mark.long
-def test_smollm2_at_tp3_gives_tp1s_greedy_tokens(smollm2):
+def test_smollm2_at_tp3_gives_tp1s_greedy_tokens(smollm2, device):
     """9 heads and 3 KV heads over 3 ranks: one KV head each (the course machine has 2 cores: oversubscribed)."""
+    skip_without_a_gpu_per_rank(device, 3)
     prompts = ["The capital of France is", "def fibonacci(n):", "Tensor parallelism splits"]
     params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=2)
     expected = LLM(smollm2, num_kv_blocks=64).generate(prompts, params, use_tqdm=False)

@@ -32,10 +32,11 @@ GRAFANA = Path(__file__).resolve().parents[2] / "serving_lab" / "grafana" / "ser
 
 
 @pytest.fixture(scope="module")
-def url(make_tiny_hf_model):
+def url(make_tiny_hf_model, device):
     tiny = make_tiny_hf_model("llama", name="dashboard-llama")
     port = free_port()
-    engine = AsyncLLM(EngineCoreArgs(str(tiny), num_threads=1, engine_kwargs={"num_kv_blocks": 64}, dashboard=True),
+    engine = AsyncLLM(EngineCoreArgs(str(tiny), device=device, num_threads=1, engine_kwargs={"num_kv_blocks": 64},
+                                     dashboard=True),
                       "tiny")
     uv = uvicorn.Server(uvicorn.Config(build_app(engine, api_keys=KEYS), host="127.0.0.1", port=port,
                                        log_level="warning"))

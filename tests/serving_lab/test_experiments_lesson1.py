@@ -91,6 +91,7 @@ def test_format_table():
     assert len({len(line) for line in lines}) == 1
 
 
+@pytest.mark.cpu_only(reason="the engine's side is paired with the local-cpu profile's simulated side")
 def test_step_cost_measures_the_engine(smollm2):
     rows = step_cost([2], [16], [16], Sides(model=smollm2, hardware="local-cpu"), decode_tokens=3)
     assert [(r["kind"], r["side"]) for r in rows] == [("decode", "measured"), ("decode", "simulated"),
@@ -99,6 +100,7 @@ def test_step_cost_measures_the_engine(smollm2):
         assert measured["step_ms"] > 0 and math.isfinite(simulated["step_ms_err_pct"])
 
 
+@pytest.mark.cpu_only(reason="the engine's side is paired with the local-cpu profile's simulated side")
 def test_engine_and_simulator_take_the_same_steps(smollm2):
     rows = static_vs_continuous([6], Sides(model=smollm2, hardware="local-cpu"), num_requests=4, prompt_len=8,
                                 mean_output=4, max_num_seqs=2)

@@ -129,6 +129,7 @@ def test_memory_stats_without_preemption_recompute_nothing():
     assert 0 < stats["live_fraction"] <= 1
 
 
+@pytest.mark.cpu_only(reason="the engine's side is paired with the local-cpu profile's simulated side")
 def test_preemption_cost_measures_the_engine(make_tiny_hf_model):
     """The measured side of `preemption_cost` (a prefill and a swap on real KV tensors) runs end to end."""
     from ref_engine.model.loader import load_model

@@ -108,6 +108,7 @@ def tiny_sides(make_tiny_hf_model):
     return Sides(model=loaded, hardware="local-cpu")
 
 
+@pytest.mark.cpu_only(reason="the engine's side is paired with the local-cpu profile's simulated side")
 def test_engine_and_simulator_hit_the_same_tokens(tiny_sides):
     rows = (shared_prefix_ttft([0, 20, 100], tiny_sides, requests_per_group=4, num_groups=2, output_len=4)
             + eviction_sweep([2, 8], tiny_sides, measure_groups=(2, 8))

@@ -425,12 +425,12 @@ def test_the_readme_maps_the_six_metrics_onto_vllm_series():
         assert metric.vllm_series.removeprefix("rate(").removesuffix(")") in rows[name], name
 
 
-def test_the_engine_runs_a_manifest_on_a_model_folder(make_tiny_hf_model):
+def test_the_engine_runs_a_manifest_on_a_model_folder(make_tiny_hf_model, device):
     from ref_engine import LLM, SamplingParams
 
     folder = make_tiny_hf_model("llama")
     manifest = load_manifest(EXAMPLE_MANIFEST, {"engine.model": str(folder), "api.request_limits.max_model_len": 128})
-    llm = LLM(**manifest.llm_kwargs())
+    llm = LLM(**manifest.llm_kwargs(), device=device)
     assert llm.llm_engine.config == manifest.engine_config().replace(max_model_len=128)
     out = llm.generate(["hello"], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4

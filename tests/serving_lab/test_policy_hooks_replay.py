@@ -49,8 +49,8 @@ class ShortestRemainingOutputFirst(Scheduler):
 
 
 @pytest.fixture(scope="module")
-def tiny(make_tiny_hf_model):
-    return load_model(make_tiny_hf_model("llama", name="hooks-llama", max_position_embeddings=512))
+def tiny(make_tiny_hf_model, device):
+    return load_model(make_tiny_hf_model("llama", name="hooks-llama", max_position_embeddings=512), device=device)
 
 
 def decisions(metrics: RunMetrics) -> list[tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]]:

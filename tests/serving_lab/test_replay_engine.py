@@ -19,8 +19,8 @@ from ref_engine.model.loader import load_model
 
 
 @pytest.fixture(scope="module")
-def tiny(make_tiny_hf_model):
-    return load_model(make_tiny_hf_model("llama", name="replay-llama", max_position_embeddings=512))
+def tiny(make_tiny_hf_model, device):
+    return load_model(make_tiny_hf_model("llama", name="replay-llama", max_position_embeddings=512), device=device)
 
 
 @pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])

@@ -64,8 +64,8 @@ class ShortestPromptFirstScheduler(Scheduler):
 
 
 @pytest.fixture(scope="module")
-def tiny(make_tiny_hf_model):
-    return load_model(make_tiny_hf_model("llama", name="plugin-llama", max_position_embeddings=512))
+def tiny(make_tiny_hf_model, device):
+    return load_model(make_tiny_hf_model("llama", name="plugin-llama", max_position_embeddings=512), device=device)
 
 
 @pytest.mark.parametrize("scheduling", ["continuous", "shortest-prompt-first"])

@@ -19,8 +19,8 @@ from ref_engine.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")
-def tiny(make_tiny_hf_model):
-    return load_model(make_tiny_hf_model("llama", name="policy-llama", max_position_embeddings=512))
+def tiny(make_tiny_hf_model, device):
+    return load_model(make_tiny_hf_model("llama", name="policy-llama", max_position_embeddings=512), device=device)
 
 
 def output_tokens_by(metrics: RunMetrics, tenant: str, until: float) -> int:

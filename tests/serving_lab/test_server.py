@@ -41,10 +41,10 @@ def tiny(make_tiny_hf_model):
 
 
 @pytest.fixture(scope="module")
-def server(tiny):
+def server(tiny, device):
     """(base URL, the first /health response while the engine was loading)."""
     port = free_port()
-    engine = AsyncLLM(PoisonedEngineArgs(str(tiny), num_threads=1, engine_kwargs={"num_kv_blocks": 256},
+    engine = AsyncLLM(PoisonedEngineArgs(str(tiny), device=device, num_threads=1, engine_kwargs={"num_kv_blocks": 256},
                                          trace_requests=True), MODEL)
     app = build_app(engine, api_keys=KEYS, max_pending_requests=MAX_PENDING, max_request_bytes=MAX_BODY,
                     chat_template=CHAT_TEMPLATE)
@@ -70,8 +70,8 @@ def client(url):
 
 
 @pytest.fixture(scope="module")
-def offline(tiny):
-    return LLM(tiny)
+def offline(tiny, device):
+    return LLM(tiny, device=device)
 
 
 def post(url: str, path: str, body, key: str = "key-acme", **kwargs) -> httpx.Response:

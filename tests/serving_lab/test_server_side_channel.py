@@ -42,9 +42,9 @@ def wide(make_tiny_hf_model):
 
 
 @contextmanager
-def serving(model, api_keys: dict[str, ApiKey] | None) -> Iterator[str]:
+def serving(model, api_keys: dict[str, ApiKey] | None, device: str) -> Iterator[str]:
     port = free_port()
-    engine = AsyncLLM(EngineCoreArgs(str(model), num_threads=1, engine_kwargs={"num_kv_blocks": 512}))
+    engine = AsyncLLM(EngineCoreArgs(str(model), device=device, num_threads=1, engine_kwargs={"num_kv_blocks": 512}))
     uv = uvicorn.Server(uvicorn.Config(build_app(engine, api_keys=api_keys), host="127.0.0.1", port=port,
                                        log_level="warning"))
     thread = threading.Thread(target=uv.run, daemon=True)
@@ -88,11 +88,11 @@ def probe(url: str, victim_key: str | None, attacker_key: str | None) -> dict[st
     return result
 
 
-def test_a_shared_cache_reveals_another_clients_prompt_and_keyed_tenants_do_not(wide):
-    with serving(wide, None) as url:
+def test_a_shared_cache_reveals_another_clients_prompt_and_keyed_tenants_do_not(wide, device):
+    with serving(wide, None, device) as url:
         send(url, "warm up", None, user="x")
         shared = probe(url, None, None)
-    with serving(wide, {"key-a": ApiKey("acme"), "key-b": ApiKey("globex")}) as url:
+    with serving(wide, {"key-a": ApiKey("acme"), "key-b": ApiKey("globex")}, device) as url:
         send(url, "warm up", "key-a", user="x")
         keyed = probe(url, "key-a", "key-b")
     block = 16

@@ -48,10 +48,10 @@ def running(pid: int) -> bool:
 
 
 @pytest.fixture()
-def server(make_tiny_hf_model):
+def server(make_tiny_hf_model, device):
     """(base URL, the AsyncLLM) of a server whose engine runs its model in one worker process."""
     tiny = make_tiny_hf_model("llama", name="worker-death-llama")
-    engine = AsyncLLM(EngineCoreArgs(str(tiny), num_threads=1,
+    engine = AsyncLLM(EngineCoreArgs(str(tiny), device=device, num_threads=1,
                                      engine_kwargs={"num_kv_blocks": 64, "distributed_executor_backend": "mp"}))
     app = build_app(engine)
     port = free_port()
