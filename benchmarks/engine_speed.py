@@ -1,4 +1,4 @@
-"""Engine speed per numeric path (float32, float32 with a bfloat16 KV cache, bfloat16, int8 and int4
+"""Engine speed per numeric path (float32, float32 with a bfloat16 KV cache, bfloat16, float16, int8 and int4
 weight-only), beside transformers, and each path's quality against float32 on the eval
 set, side by side in one run.
 
@@ -49,7 +49,7 @@ from serving_lab.eval_set import compare_quality, eval_prompts
 PROMPT_LEN, OUTPUT_LEN = 128, 128
 # --paths id -> (the table's name, load_model's numerics, the engine's kv_cache_dtype)
 PATHS = {"float32": ("float32", {}, "auto"), "bf16-kv": ("float32, bfloat16 KV cache", {}, "bfloat16"),
-         "bfloat16": ("bfloat16", {"dtype": "bfloat16"}, "auto"),
+         "bfloat16": ("bfloat16", {"dtype": "bfloat16"}, "auto"), "float16": ("float16", {"dtype": "float16"}, "auto"),
          "int8": ("int8 (weight-only)", {"quantization": "int8"}, "auto"),
          "int4": ("int4 (weight-only, Q4_1 blocks)", {"quantization": "int4"}, "auto")}
 BATCHES = (1, 8, 32)
