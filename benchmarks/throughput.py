@@ -4,6 +4,9 @@
     python benchmarks/throughput.py [--dtype float32|bfloat16] [--batch-size 16] [--num-requests 64]
     python benchmarks/throughput.py --paths float32 bfloat16 int8 int4   # each numeric path, continuous only,
                                                                          # against transformers' best (fp32, bf16)
+    python benchmarks/throughput.py --paths bfloat16 --batch-sizes 16 32 64   # each path and transformers at each
+                                                                              # batch size; the ratio against
+                                                                              # transformers' best of all
 
 Prints one table; copy it with the machine and the command into benchmarks/RESULTS.md.
 Each system produces exactly the workload's output lengths (ignore_eos); transformers runs each static
@@ -54,6 +57,8 @@ def main() -> None:
     parser.add_argument("--paths", nargs="+", choices=list(PATHS),
                         help="compare numeric paths instead (engine continuous each; transformers float32 and bfloat16)")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-sizes", type=int, nargs="+",
+                        help="with --paths: run every path and transformers at each of these batch sizes")
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -62,13 +67,20 @@ def main() -> None:
     config = EngineConfig(max_num_seqs=args.batch_size, max_num_batched_tokens=512, num_kv_blocks=2048)
     rows = {}
     if args.paths:
+        batch_sizes = args.batch_sizes or [args.batch_size]
+        label = (lambda b: f", batch {b}") if len(batch_sizes) > 1 else (lambda b: "")
         for path in args.paths:
             dtype, quantization = PATHS[path]
-            m = bench.run(workload, config, model=load_model(None, dtype=dtype, quantization=quantization))
-            rows[f"engine continuous, {path}"] = {"duration": m.duration, "output_throughput": m.output_throughput}
+            model = load_model(None, dtype=dtype, quantization=quantization)
+            for b in batch_sizes:  # a pool that holds every member's whole sequence: no preemption at any size
+                m = bench.run(workload, config.replace(max_num_seqs=b, num_kv_blocks=max(2048, 48 * b)), model=model)
+                rows[f"engine continuous, {path}{label(b)}"] = {"duration": m.duration,
+                                                                "output_throughput": m.output_throughput}
+            del model
         for dtype in ("float32", "bfloat16"):
-            rows[f"transformers generate (static), {dtype}"] = transformers_static(
-                workload, 49152, args.batch_size, getattr(torch, dtype))
+            for b in batch_sizes:
+                rows[f"transformers generate (static), {dtype}{label(b)}"] = transformers_static(
+                    workload, 49152, b, getattr(torch, dtype))
     else:
         loaded = load_model(None, dtype=args.dtype)
         for name, cfg in [("continuous", config), ("static", config.replace(scheduling="static"))]:
@@ -81,7 +93,8 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, " + (f"paths {' '.join(args.paths)}" if args.paths else f"dtype {args.dtype}"))
     print(f"workload: {args.num_requests} requests, prompts 32-512, outputs 16-256 (seed {args.seed}), "
-          f"{workload.total_output_tokens} output tokens, batch size {args.batch_size}")
+          f"{workload.total_output_tokens} output tokens, batch size "
+          f"{' '.join(map(str, args.batch_sizes)) if args.paths and args.batch_sizes else args.batch_size}")
     print("| system | duration (s) | output tok/s | vs transformers' best |")
     print("| --- | --- | --- | --- |")
     ref = max(r["output_throughput"] for name, r in rows.items() if name.startswith("transformers"))
