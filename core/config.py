@@ -25,9 +25,11 @@ SpeculativeMethod = Literal["ngram", "draft_model"]
 # How the engine may store its weights besides the float reference (ref_engine/model/quantization.py): a
 # load-time choice, not a scheduler knob, listed here because the command lines offer it without torch.
 QUANTIZATION_METHODS = ("int8", "int4")
-# Weights per int4 scale and zero that torch's int4 kernel takes (ref_engine/model/int4.py); listed here for
-# the command lines too.
+# Weights per int4 scale and zero that torch's int4 kernel takes (ref_engine/model/int4.py), and the default, a
+# Q4_1 block's; listed here for the command lines, and for the name both sides give an int4 model (`int4_name`).
 INT4_GROUP_SIZES = (32, 64, 128, 256)
+INT4_GROUP_SIZE = 32
+INT4_GROUPED_PREFIX = "int4-g"
 # What the engine computes in (vLLM's `dtype`, less its "auto": float32 is this engine's reference, whatever the
 # checkpoint stores). Also a load-time choice (ref_engine/model/loader.py), listed here for the same reason.
 DTYPES = ("float32", "bfloat16", "float16")
@@ -37,6 +39,15 @@ KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # How float32 matmuls may round on a GPU (torch's `set_float32_matmul_precision` names, as vLLM's
 # VLLM_FLOAT32_MATMUL_PRECISION): "highest", full float32; "high", TF32 tensor cores (10-bit mantissa products).
 FLOAT32_MATMUL_PRECISIONS = ("highest", "high")
+
+
+def int4_name(group_size: int) -> str:
+    """An int4 model's name for its numerics: "int4" in groups of `INT4_GROUP_SIZE`, else "int4-gN". The engine
+    labels such a model with it (ref_engine/model/loader.py); the simulator prices the name by its bytes
+    (sim/hardware.py)."""
+    return "int4" if group_size == INT4_GROUP_SIZE else f"{INT4_GROUPED_PREFIX}{group_size}"
+
+
 # Where an engine's tensor-parallel ranks run (vLLM's names): "uni", one worker in the engine's process; "mp",
 # one worker process per rank (ref_engine/executor/).
 DistributedExecutorBackend = Literal["uni", "mp"]

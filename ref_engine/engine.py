@@ -56,7 +56,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from core.config import EngineConfig, ParallelConfig
+from core.config import INT4_GROUP_SIZE, EngineConfig, ParallelConfig
 from core.interfaces import ScheduledRequest, SchedulerInterface, SchedulerOutput, SchedulerStats, StepResult
 from core.kv_cache_manager import PrefixCacheExplanation
 from core.kv_sizing import with_swap_pool
@@ -69,7 +69,6 @@ from ref_engine.detokenizer import IncrementalDetokenizer
 from ref_engine.executor import make_executor
 from ref_engine.kv_transfer.config import KVTransferConfig
 from ref_engine.kv_transfer.connector import KVTransferParams, make_kv_connector
-from ref_engine.model.int4 import DEFAULT_GROUP_SIZE
 from ref_engine.model.loader import LoadedModel, check_float32_matmul_precision, load_model
 from ref_engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ref_engine.runner import ModelRunner, synchronize
@@ -168,7 +167,7 @@ class LLMEngine:
                 "cuda" if torch.cuda.is_available() else "cpu")
             check_float32_matmul_precision(float32_matmul_precision, dtype, self.device)  # before the slow load
             loaded = load_model(model, dtype=dtype, device=self.device, quantization=quantization,
-                                quantization_group_size=(DEFAULT_GROUP_SIZE if quantization_group_size is None
+                                quantization_group_size=(INT4_GROUP_SIZE if quantization_group_size is None
                                                          else quantization_group_size))
         self.model_id = loaded.model_id
         self.arch = loaded.arch

@@ -62,15 +62,14 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from core.config import INT4_GROUP_SIZE, INT4_GROUPED_PREFIX
 from core.paths import cache_dir
 
 # Bytes per element of each dtype name used by profiles and the cost model. "int4" is a weight format,
 # priced per weight: 4 bits, plus a bfloat16 scale and zero shared by each group of g weights
 # (ref_engine/model/int4.py; a Q4_1 block of 32 stores fp16 ones, the same 4 bytes). "int4" alone has groups
-# of INT4_GROUP_SIZE, the engine's default; "int4-g128" names another group size, as the engine labels
-# a model quantized with `quantization_group_size=128`.
-INT4_GROUP_SIZE = 32
-INT4_GROUPED_PREFIX = "int4-g"
+# of INT4_GROUP_SIZE, the engine's default; "int4-g128" names another group size, the name the engine gives
+# a model quantized with `quantization_group_size=128` (`core.config.int4_name`).
 
 
 def int4_bytes(group_size: int) -> float:

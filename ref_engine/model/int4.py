@@ -41,7 +41,6 @@ from torch import nn
 
 Q4_1_GROUP_SIZE = 32  # weights per Q4_1 block
 KERNEL_OUTPUT_MULTIPLE = 16  # the packing's tile: a projection's outputs come in multiples of it
-DEFAULT_GROUP_SIZE = 32
 _ZERO_CODE = 8  # the kernel subtracts it from every code
 
 

@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 
 from core.arch_config import ArchConfig
-from core.config import DTYPES, FLOAT32_MATMUL_PRECISIONS
+from core.config import DTYPES, FLOAT32_MATMUL_PRECISIONS, INT4_GROUP_SIZE, int4_name
 from ref_engine.model import store
-from ref_engine.model.int4 import DEFAULT_GROUP_SIZE, Int4Weight
+from ref_engine.model.int4 import Int4Weight
 from ref_engine.model.llama import LlamaForCausalLM
 from ref_engine.model.loader_gguf import GGUFCheckpoint
 from ref_engine.model.loader_hf import HFCheckpoint
@@ -62,7 +62,7 @@ class LoadedModel:
 
 def load_model(path: str | Path | None = None, dtype: torch.dtype | str = "float32",
                device: torch.device | str | None = None, quantization: str | None = None,
-               quantization_group_size: int = DEFAULT_GROUP_SIZE, tp_rank: int = 0, tp_size: int = 1) -> LoadedModel:
+               quantization_group_size: int = INT4_GROUP_SIZE, tp_rank: int = 0, tp_size: int = 1) -> LoadedModel:
     """Load a model from `path` (see the module docstring) onto `device` (default: CUDA if present), its
     projections quantized if `quantization` says so (`quantization.QUANTIZATION_METHODS`;
     `quantization_group_size`: inputs per scale and zero of int4). `tp_rank` of `tp_size`: keep only that
@@ -89,7 +89,7 @@ def load_model(path: str | Path | None = None, dtype: torch.dtype | str = "float
 
 
 def quantized(loaded: LoadedModel, quantization: str, *, copy: bool = True,
-              group_size: int = DEFAULT_GROUP_SIZE) -> LoadedModel:
+              group_size: int = INT4_GROUP_SIZE) -> LoadedModel:
     """`loaded` (a float32 model) with its projections quantized, as `load_model(quantization=)` gives it;
     with `copy`, a quantized copy that leaves `loaded` as it was, without dequantizing the checkpoint again
     (which takes seconds; int4 reads only a GGUF's 4-bit blocks)."""
@@ -103,7 +103,7 @@ def quantized(loaded: LoadedModel, quantization: str, *, copy: bool = True,
     except ValueError as err:  # a group size that does not fit: say which model
         raise ValueError(f"{loaded.path or loaded.model_id}: {err}") from None
     # other numbers: neither its prefix cache nor its profile is the float one's
-    label = quantization if quantization != "int4" or group_size == DEFAULT_GROUP_SIZE else f"int4-g{group_size}"
+    label = int4_name(group_size) if quantization == "int4" else quantization
     return replace(loaded, model=model, model_id=f"{loaded.model_id}+{label}", quantization=quantization)
 
 

@@ -35,9 +35,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from core.config import INT4_GROUP_SIZES, QUANTIZATION_METHODS
+from core.config import INT4_GROUP_SIZE, INT4_GROUP_SIZES, QUANTIZATION_METHODS
 from ref_engine.model.int4 import (
-    DEFAULT_GROUP_SIZE,
     Int4Linear,
     Int4Weight,
     has_int4_kernel,
@@ -76,7 +75,7 @@ class Int8Linear(nn.Module):
 
 
 def check_quantization(quantization: str | None, dtype: torch.dtype, device: torch.device,
-                       group_size: int = DEFAULT_GROUP_SIZE) -> None:
+                       group_size: int = INT4_GROUP_SIZE) -> None:
     """A ValueError naming the knob and its choices for a method this engine does not have, or one it
     cannot run with this dtype, group size or on this device."""
     if quantization is None:
@@ -106,7 +105,7 @@ FUSED_SHARDS = {fused: [proj for proj, (f, _) in STACKED_PARAMS.items() if f == 
 
 
 @torch.no_grad()
-def quantize_model(model: LlamaForCausalLM, quantization: str, group_size: int = DEFAULT_GROUP_SIZE,
+def quantize_model(model: LlamaForCausalLM, quantization: str, group_size: int = INT4_GROUP_SIZE,
                    int4_weights: dict[str, Int4Weight] | None = None) -> None:
     """Replace, in place, every projection of a loaded float32 `model` by its `quantization` form.
 
