@@ -48,7 +48,7 @@ import datetime
 import math
 import platform
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -260,51 +260,48 @@ def _pct(value: float | None) -> str:
     return "an unknown share" if value is None else f"{value:g}%"
 
 
-def measure_copy_bandwidth(device: Any = "cpu", num_bytes: int = 256 << 20, repeats: int = 5) -> float:
-    """Bytes read + written per second by a large tensor copy within `device`'s memory (the best of a few).
-
-    On a GPU the copy is device to device and timed between synchronisations: its kernel runs
-    asynchronously, and a copy in host memory would measure the host's DRAM instead of the device's."""
-    import torch
-
+def fastest_on(device: Any, operation: Callable[[], object], repeats: int) -> float:
+    """Seconds of the fastest of `repeats` runs of `operation` on `device`, after one warm-up run (one-time
+    costs: a CUDA context's lazy setup, kernel selection, page faults). Each run is timed between
+    synchronisations: a GPU's kernels run asynchronously, so the clock would otherwise read launch time."""
     from ref_engine.runner import synchronize
 
-    device = torch.device(device)
-    src = torch.ones(num_bytes // 4, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # the first copy pays one-time costs (a CUDA context's lazy setup, page faults)
+    operation()
     best = float("inf")
     for _ in range(repeats):
         synchronize(device)
         start = time.perf_counter()
-        dst.copy_(src)
+        operation()
         synchronize(device)
         best = min(best, time.perf_counter() - start)
-    return 2 * num_bytes / best
+    return best
+
+
+def measure_copy_bandwidth(device: Any = "cpu", num_bytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Bytes read + written per second by a large tensor copy within `device`'s memory (the best of a few).
+
+    On a GPU the copy is device to device: a copy in host memory would measure the host's DRAM instead of
+    the device's."""
+    import torch
+
+    device = torch.device(device)
+    src = torch.ones(num_bytes // 4, device=device)
+    dst = torch.empty_like(src)
+    return 2 * num_bytes / fastest_on(device, lambda: dst.copy_(src), repeats)
 
 
 def measure_matmul_rate(device: Any, dtype: Any, n: int = 4096, repeats: int = 5) -> float:
-    """FLOP/s of an n x n x n matrix product on `device` in `dtype` (the best of a few, synchronised): the
-    chip's achievable matmul rate, which a GPU calibration records beside the engine's effective one.
+    """FLOP/s of an n x n x n matrix product on `device` in `dtype` (the best of a few): the chip's
+    achievable matmul rate, which a GPU calibration records beside the engine's effective one.
 
     Not measured on a CPU calibration: a CPU without bf16 instructions takes minutes for one such product
     (benchmarks/machine.py sizes it down there)."""
     import torch
 
-    from ref_engine.runner import synchronize
-
     device = torch.device(device)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    a @ b  # warm-up: kernel selection, workspace allocation
-    best = float("inf")
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        a @ b
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
+    return 2 * n**3 / fastest_on(device, lambda: a @ b, repeats)
 
 
 def device_memory_bytes(device: Any) -> float:
