@@ -38,7 +38,7 @@ Lesson: lessons/07-tuning-knobs.md (enforce_eager: what compiling buys on the co
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -132,13 +132,12 @@ class GraphInputs:
         def as_tensor(values: list) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
-        return cls(*(as_tensor(getattr(batch, name)) for name in ("input_ids", "positions", "slot_mapping",
-                                                                   "block_tables", "seq_lens")))
+        return cls(*(as_tensor(getattr(batch, f.name)) for f in fields(cls)))
 
     def copy_from(self, batch: DecodeBatch) -> None:
         """Put a step's values into the buffers (one host-to-device copy each, outside the graph)."""
-        for name in ("input_ids", "positions", "slot_mapping", "block_tables", "seq_lens"):
-            getattr(self, name).copy_(torch.tensor(getattr(batch, name), dtype=torch.int64))
+        for f in fields(self):
+            getattr(self, f.name).copy_(torch.tensor(getattr(batch, f.name), dtype=torch.int64))
 
 
 class CUDAGraphRunner:

@@ -104,8 +104,8 @@ class EngineSection(_Section):
     trust_remote_code: bool  # vLLM's flag; our engine runs no model code from a repository either way
     served_model_name: NonEmptyStr | None  # the name clients send as "model" (None: engine.model)
     # The engine's numerics. None: float32, the reference that matches transformers token for token (vLLM's
-    # own default is "auto", the checkpoint's dtype). int8: W8A8 with per-token scales; int4: weight-only
-    # (a GGUF's own Q4_1 blocks); both on CPU kernels, computed in float32 around them.
+    # own default is "auto", the checkpoint's dtype). int8 and int4 are weight-only (int4: a GGUF's own Q4_1
+    # blocks); both on CPU kernels, computed in float32 around them.
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     quantization: Literal["int8", "int4"] | None = None
     # What the KV cache stores K/V in (vLLM's --kv-cache-dtype). None or "auto": the engine's dtype.
