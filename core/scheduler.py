@@ -297,6 +297,9 @@ class Scheduler:
         among the requests not yet scheduled, until they can or the request itself was the victim. A row
         the decode or prefill budget has no room for sits the step out (and keeps its blocks)."""
         kv = self.kv_cache_manager
+        # Read directly, as `_make_output` does: a row whose block table already has room for its tokens (a
+        # decode row in all but one step in block_size) needs no `allocate_slots` call, the same check first.
+        block_tables, block_size = kv.block_tables, kv.block_size
         running = self.running
         scheduled = plan.scheduled
         budget, prefill_budget = plan.token_budget, plan.prefill_token_budget
@@ -317,22 +320,30 @@ class Scheduler:
             if not n:
                 i += 1
                 continue
-            while kv.allocate_slots(request, n) is None:
-                victim = self.select_victim(running[i:])
-                self.preempt(victim, plan)
-                if victim is request:
-                    break
+            table = block_tables.get(request.request_id)
+            if (table is None or len(table) * block_size < request.num_computed_tokens + n) and \
+                    not self.allocate_or_preempt(request, n, i, plan):
+                continue  # it was the victim itself: running[i] is now the next request
+            scheduled.append((request, n))
+            budget -= n
+            if remaining == 1:
+                decode_tokens -= n
             else:
-                scheduled.append((request, n))
-                budget -= n
-                if remaining == 1:
-                    decode_tokens -= n
-                else:
-                    prefill_budget -= n
-                    prefill_rows -= 1
-                i += 1
+                prefill_budget -= n
+                prefill_rows -= 1
+            i += 1
         plan.token_budget, plan.prefill_token_budget = budget, prefill_budget
         plan.decode_token_budget, plan.partial_prefill_budget = decode_tokens, prefill_rows
+
+    def allocate_or_preempt(self, request: Request, num_new_tokens: int, i: int, plan: StepPlan) -> bool:
+        """Give running[i] its slots, preempting `select_victim`'s choice among running[i:] (the requests not yet
+        scheduled) while the pool is short; False if the request itself was preempted."""
+        while self.kv_cache_manager.allocate_slots(request, num_new_tokens) is None:
+            victim = self.select_victim(self.running[i:])
+            self.preempt(victim, plan)
+            if victim is request:
+                return False
+        return True
 
     def schedule_waiting(self, plan: StepPlan, now: float) -> None:
         """Admit waiting requests in the queue's order while budget, `max_num_seqs`, the prefill budgets and
