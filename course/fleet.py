@@ -77,6 +77,10 @@ FLEETS: dict[str, dict[str, Any]] = {
                                                  scale_down_delay_s=60.0, cold_start=COLD_START)},
     "autoscaled, 0-6": {"autoscaler": Autoscaler(target_concurrency=16, min_replicas=0, max_replicas=6,
                                                  scale_down_delay_s=60.0, cold_start=COLD_START)},
+    # Knative's own defaults: a 60 s stable window, a 6 s panic window, panic at 200%, no scale-down delay
+    "0-6, Knative windows": {"autoscaler": Autoscaler(target_concurrency=16, min_replicas=0, max_replicas=6,
+                                                      scale_down_delay_s=0.0, stable_window_s=60.0,
+                                                      cold_start=COLD_START)},
 }
 
 

@@ -6,10 +6,20 @@ KServe's concurrency autoscaling: it aims at `target_concurrency` outstanding re
 a replica) and wants ceil(count / target) replicas, clamped to [min_replicas, max_replicas]. It scales up at
 once and down only after wanting fewer for `scale_down_delay_s` without a break, and then to the most it
 wanted in that window (so a lull between bursts does not throw warm replicas away, and a trickle of requests
-that leaves the fleet empty at most ticks does not scale it to zero). Knative also averages the count over
-a window and has a "panic" mode for sudden bursts; this policy reads the count as it is at each tick. With
-`min_replicas=0` the fleet scales to zero; the first request after that waits at the front door (Knative's
-activator) while a replica starts.
+that leaves the fleet empty at most ticks does not scale it to zero). With `min_replicas=0` the fleet scales
+to zero; the first request after that waits at the front door (Knative's activator) while a replica starts.
+
+By default the policy reads the count as it is at each tick. With `stable_window_s` it reads it as Knative's
+pod autoscaler (KPA) does, averaged over two windows of the ticks' counts:
+- stable mode: replicas for the mean count of the last `stable_window_s` (Knative's default 60 s), so a
+  burst shorter than the window moves the fleet only in part, and the last replica goes only after a whole
+  window without requests;
+- panic mode: when the mean over the short panic window (`panic_window_pct` of the stable one, default 10%:
+  6 s) calls for at least `panic_threshold_pct` (default 200%) of the replicas serving, the fleet panics:
+  it scales to the panic window's count at once and does not scale down, until a whole stable window has
+  passed without a reason to panic.
+Knative samples each second; this policy samples at its ticks (every `interval_s`). Knative also caps how
+fast a fleet may grow or shrink in one decision (`max-scale-up-rate`, `max-scale-down-rate`); not modelled.
 
 A started replica serves only after its `ColdStart`, made of parts the simulator prices and the engine
 can measure one by one:
@@ -37,8 +47,10 @@ Lesson: lessons/07-tuning-knobs.md#from-one-replica-to-a-fleet (a spike with and
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from statistics import fmean
 
 import simpy
 
@@ -90,6 +102,9 @@ class Autoscaler:
     interval_s: float = 2.0  # Knative decides every 2 s
     initial_replicas: int | None = None  # serving at time 0, warm; None: min_replicas
     cold_start: ColdStart = field(default_factory=ColdStart)
+    stable_window_s: float | None = None  # Knative's averaging (module docstring); None: the count at each tick
+    panic_window_pct: float = 10.0  # the panic window, as a percentage of the stable window (Knative's names)
+    panic_threshold_pct: float = 200.0  # panic when the panic window wants this percentage of the serving replicas
 
     def __post_init__(self) -> None:
         initial = self.starting_replicas
@@ -98,14 +113,24 @@ class Autoscaler:
                              f"max_replicas >= 1, got {self.min_replicas}, {initial}, {self.max_replicas}")
         if self.target_concurrency <= 0 or self.interval_s <= 0 or self.scale_down_delay_s < 0:
             raise ValueError("target_concurrency and interval_s must be > 0 and scale_down_delay_s >= 0")
+        if self.stable_window_s is not None and not (
+                self.stable_window_s >= self.interval_s and 0 < self.panic_window_pct <= 100
+                and self.panic_threshold_pct > 0):
+            raise ValueError("stable_window_s must be at least interval_s, panic_window_pct in (0, 100] and "
+                             f"panic_threshold_pct > 0, got {self.stable_window_s}, {self.panic_window_pct}, "
+                             f"{self.panic_threshold_pct}")
 
     @property
     def starting_replicas(self) -> int:
         return self.min_replicas if self.initial_replicas is None else self.initial_replicas
 
-    def desired(self, outstanding: int) -> int:
-        """How many replicas `outstanding` requests call for."""
+    def desired(self, outstanding: float) -> int:
+        """How many replicas `outstanding` requests (or a window's mean count of them) call for."""
         return max(self.min_replicas, min(self.max_replicas, math.ceil(outstanding / self.target_concurrency)))
+
+    @property
+    def panic_window_s(self) -> float:
+        return (self.stable_window_s or 0.0) * self.panic_window_pct / 100
 
 
 @dataclass
@@ -141,6 +166,9 @@ class AutoscaledFleet:
         self._num_undelivered = num_requests  # requests not yet handed to a replica (or refused)
         self._below_since: float | None = None  # when the autoscaler began wanting fewer replicas
         self._window_max = 0  # the most it wanted since then: what it scales down to
+        self._counts: deque[tuple[float, int]] = deque()  # (tick, outstanding) over the stable window
+        self._panic_since: float | None = None  # the last tick that gave a reason to panic, while panicking
+        self._panic_max = 0  # the most replicas the panic window wanted since the panic began
         for _ in range(autoscaler.starting_replicas):
             self.serving.append(self._new_replica())
         self._record()
@@ -186,7 +214,10 @@ class AutoscaledFleet:
     def _decide(self) -> None:
         policy, now = self.autoscaler, self.env.now
         current = len(self.serving) + len(self.starting)
-        desired = policy.desired(self.outstanding)
+        if policy.stable_window_s is None:
+            desired = policy.desired(self.outstanding)
+        else:
+            desired = self._windowed_desired(now, current)
         if desired >= current:
             self._below_since = None
             if desired > current:
@@ -198,6 +229,25 @@ class AutoscaledFleet:
         if now - self._below_since >= policy.scale_down_delay_s:
             self._scale_to(self._window_max)
             self._below_since = None
+
+    def _windowed_desired(self, now: float, current: int) -> int:
+        """Knative's stable and panic modes (module docstring) over the counts sampled at the ticks."""
+        policy, counts = self.autoscaler, self._counts
+        counts.append((now, self.outstanding))
+        while counts[0][0] <= now - policy.stable_window_s:
+            counts.popleft()
+        stable = policy.desired(fmean([n for _, n in counts]))
+        panic_mean = fmean([n for t, n in counts if t > now - policy.panic_window_s])  # holds this tick's
+        if panic_mean / policy.target_concurrency >= policy.panic_threshold_pct / 100 * max(len(self.serving), 1):
+            if self._panic_since is None:
+                self._panic_max = current
+            self._panic_since = now
+        elif self._panic_since is not None and now - self._panic_since >= policy.stable_window_s:
+            self._panic_since = None
+        if self._panic_since is None:
+            return stable
+        self._panic_max = max(self._panic_max, policy.desired(panic_mean))
+        return self._panic_max  # never fewer while panicking
 
     def _scale_to(self, desired: int) -> None:
         current = len(self.serving) + len(self.starting)

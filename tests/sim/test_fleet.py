@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from core import EngineConfig, Exponential, Request, Workload
 from course.playground import decision_digest
 from sim import Cluster, Simulator
-from sim.autoscaler import Autoscaler, ColdStart
+from sim.autoscaler import AutoscaledFleet, Autoscaler, ColdStart
 from sim.cost_model import model_weight_bytes
 from sim.router import ROUTERS, Fleet, PrefixAwareRouter, make_router, register_router
 from sim.simulator import device_block_bytes
@@ -244,6 +244,52 @@ def test_the_same_autoscaled_run_twice_gives_the_same_numbers():
     assert runs[0].timeline.max_serving > 1
 
 
+class ScriptedFleet(AutoscaledFleet):
+    """A fleet whose outstanding count the test sets, to check the windows' arithmetic by hand."""
+
+    count = 0
+
+    @property
+    def outstanding(self) -> int:
+        return self.count
+
+
+@pytest.mark.parametrize("panic", [True, False])
+def test_knative_windows_by_hand(panic):
+    """Stable window 10 s, sampled every 2 s; the panic window (10%: 1 s) holds this tick alone; target 10 per
+    replica, one serving. Without panic (threshold out of reach) the stable mean alone decides."""
+    policy = Autoscaler(target_concurrency=10, min_replicas=0, max_replicas=8, initial_replicas=1,
+                        stable_window_s=10.0, panic_threshold_pct=200.0 if panic else 1e9)
+    fleet = ScriptedFleet(simpy.Environment(), Simulator(**GPU, config=CONFIG), make_router("round_robin", None),
+                          policy, num_requests=0)
+    script = [(2, 10), (4, 10), (6, 10), (8, 30), (10, 10), (12, 50), (14, 0), (20, 0), (22, 0)]
+    wanted = []
+    for now, count in script:
+        fleet.count = count
+        wanted.append(fleet._windowed_desired(float(now), current=1))
+    if panic:
+        # t = 8: 30 / 10 = 3 replicas' worth >= 200% of the 1 serving: panic, to 3; t = 12: 5, and never fewer
+        # until 10 s after the last reason (t = 12); at t = 22 the stable window (12, 22] holds only zeros
+        assert wanted == [1, 1, 1, 3, 3, 5, 5, 5, 0]
+    else:
+        # means over the ticks in (now - 10, now]: 10, 10, 10, 15, 14, 22, 20, 16.7, 0
+        assert wanted == [1, 1, 1, 2, 2, 3, 2, 2, 0]
+
+
+def test_with_knative_windows_the_last_replica_goes_after_a_whole_stable_window_without_requests():
+    one = Workload.synthetic(1, 200, 20)
+    stops = {}
+    for window in (None, 60.0):
+        policy = Autoscaler(min_replicas=0, max_replicas=2, scale_down_delay_s=0.0, stable_window_s=window,
+                            cold_start=COLD)
+        run = Cluster(**GPU, config=CONFIG, autoscaler=policy).simulate(one)
+        finish = run.metrics.requests[0].finish_time
+        stops[window] = run.timeline.changes[-1][0] - finish
+        assert run.timeline.changes[-1][1:] == (0, 0, 0)
+    assert 0 < stops[None] <= 2.0  # the first tick after the request finished
+    assert 58.0 <= stops[60.0] <= 62.0  # once the window's last tick with the request in it is 60 s old
+
+
 def test_bad_autoscaler_and_fleet_arguments_are_refused():
     with pytest.raises(ValueError, match="min_replicas <= initial_replicas <= max_replicas"):
         Autoscaler(min_replicas=3, max_replicas=2)
@@ -251,6 +297,10 @@ def test_bad_autoscaler_and_fleet_arguments_are_refused():
         ColdStart(load_bandwidth=0)
     with pytest.raises(ValueError, match="bandwidths > 0"):
         ColdStart(allocation_bandwidth=0)
+    with pytest.raises(ValueError, match="stable_window_s must be at least interval_s"):
+        Autoscaler(stable_window_s=1.0)
+    with pytest.raises(ValueError, match="panic_window_pct in"):
+        Autoscaler(stable_window_s=60.0, panic_window_pct=0)
     with pytest.raises(ValueError, match="give one fleet"):
         Cluster(**GPU, num_replicas=2, autoscaler=Autoscaler())
 
