@@ -444,6 +444,8 @@ class Scheduler:
         requests, sampled = self.requests, result.sampled_token_ids
         kv = self.kv_cache_manager
         caching, block_size = kv.enable_caching, self.config.block_size
+        # the base's hook does nothing: call it per row only where a policy overrides it
+        on_computed = self.on_computed if type(self).on_computed is not Scheduler.on_computed else None
         for scheduled in output.scheduled:
             request = requests.get(scheduled.request_id)
             if request is None or request.status is not _RUNNING:
@@ -457,12 +459,14 @@ class Scheduler:
                 token_ids = sampled[scheduled.request_id]
                 # Roll back over the rejected drafts: only the accepted ones' K/V follows the right tokens.
                 num_computed -= scheduled.num_draft_tokens + 1 - len(token_ids)
-                num_output_before = len(request.output_token_ids)
+                num_new = 0
                 for token_id in token_ids:
+                    num_new += 1
                     if request.append_output_token(token_id, now):
                         is_done = True
                         break
-                self.on_computed(request, len(request.output_token_ids) - num_output_before)
+                if on_computed is not None:
+                    on_computed(request, num_new)
             request.num_computed_tokens = num_computed
             if caching and num_computed // block_size > computed_before // block_size:
                 kv.cache_full_blocks(request)  # this step completed a block: register it for later requests
