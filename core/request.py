@@ -21,6 +21,7 @@ Lesson: lessons/01-continuous-batching.md (a request's life); lessons/05-specula
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -71,7 +72,8 @@ class Request:
     Every field is `given` (what the request is) or `served` (how far a replica got): `SERVING_STATE`."""
 
     request_id: str = given()
-    prompt_token_ids: list[int] = given()
+    prompt_token_ids: Sequence[int] = given()  # a list, or `SeededTokens` (core/seeded_tokens.py): ids drawn
+    # when read, for simulated prompts whose content nobody needs
     max_tokens: int = given()
     arrival_time: float = given(default=0.0)
     eos_token_ids: frozenset[int] = given(default=frozenset())
@@ -142,8 +144,8 @@ class Request:
         """The most tokens this request can ever hold in the cache (what a reserving allocator reserves)."""
         return len(self.prompt_token_ids) + self.max_tokens
 
-    def token_ids(self, start: int, stop: int) -> list[int]:
-        """Known tokens in [start, stop): prompt first, then output."""
+    def token_ids(self, start: int, stop: int) -> Sequence[int]:
+        """Known tokens in [start, stop): prompt first, then output (a prompt's `SeededTokens` stay lazy)."""
         n_prompt = len(self.prompt_token_ids)
         if stop <= n_prompt:
             return self.prompt_token_ids[start:stop]
