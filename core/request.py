@@ -103,7 +103,10 @@ class Request:
     spec_token_ids: list[int] = served(default_factory=list)  # draft tokens for the next step (lesson 5)
 
     def __post_init__(self) -> None:
-        if not self.prompt_token_ids:
+        # a prompt never changes, so its length is read once: the scheduler asks for it millions of times,
+        # and a `SeededTokens` answers len() in Python, not C
+        self._num_prompt_tokens = len(self.prompt_token_ids)
+        if not self._num_prompt_tokens:
             raise ValueError(f"request {self.request_id!r}: prompt_token_ids is empty")
         if self.max_tokens < 1:
             raise ValueError(f"request {self.request_id!r}: max_tokens must be >= 1, got {self.max_tokens}")
@@ -128,7 +131,7 @@ class Request:
 
     @property
     def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+        return self._num_prompt_tokens
 
     @property
     def num_output_tokens(self) -> int:
@@ -137,16 +140,16 @@ class Request:
     @property
     def num_tokens(self) -> int:
         """Known tokens: prompt plus generated."""
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return self._num_prompt_tokens + len(self.output_token_ids)
 
     @property
     def max_total_tokens(self) -> int:
         """The most tokens this request can ever hold in the cache (what a reserving allocator reserves)."""
-        return len(self.prompt_token_ids) + self.max_tokens
+        return self._num_prompt_tokens + self.max_tokens
 
     def token_ids(self, start: int, stop: int) -> Sequence[int]:
         """Known tokens in [start, stop): prompt first, then output (a prompt's `SeededTokens` stay lazy)."""
-        n_prompt = len(self.prompt_token_ids)
+        n_prompt = self._num_prompt_tokens
         if stop <= n_prompt:
             return self.prompt_token_ids[start:stop]
         if start >= n_prompt:
