@@ -27,6 +27,11 @@ which the scheduling-policy numbers come (lesson 3):
   per second that met both latency SLOs; `slo_attainment` is the share of all requests that met them.
 `to_dict` leaves the rows, the per-tenant table and the step log out: it stays a flat dict of numbers.
 
+Two ways in, one set of formulas (`RunMetrics.from_rows`): `from_requests` reads kept requests and the step
+log at the end of a run; a streamed run (core/metrics_stream.py) brings rows without token times, a
+`StepTally` (the steps counted, not kept) and its inter-token gaps counted (`counted_latency_summary`, the
+same numbers as `latency_summary` of the listed gaps, to the last bit).
+
 Lesson: lessons/01-continuous-batching.md (measuring a server); per-tenant numbers and goodput in
 lessons/03-chunked-prefill-and-disaggregation.md#goodput.
 """

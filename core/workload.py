@@ -16,6 +16,9 @@ stream per group, so every request of a group (and of later workloads with the s
 begins with the same tokens. A request can also open with the workload's *system prompt*, one seeded stream
 shared by every request that has one, before its group's tokens (`chat`: a system prompt, then the history).
 
+For a million-request replay, `with_lazy_prompts` makes each wholly random prompt a `SeededTokens` (drawn
+only when read) and `iter_requests` makes each request only when a run reaches its arrival.
+
 Workloads of several senders are built by tagging each (`with_tenant`, `with_priority`) and adding them:
 `a + b` holds the requests of both in arrival order; or one stream is shared out among tenants in fixed
 proportions (`with_tenant_mix`, the command line's `tenants=a:3,b:1`).
