@@ -6,11 +6,13 @@ from __future__ import annotations
 import random
 
 import pytest
+import simpy
 
 from core import EngineConfig, Exponential, Request, Workload
 from core.block_hash import extend_block_hashes
 from core.seeded_tokens import SeededTokens
 from sim import Simulator
+from sim.executor import feed_arrivals
 
 
 def tokens(length: int = 100, seed: object = "s") -> SeededTokens:
@@ -83,3 +85,20 @@ def test_iter_requests_makes_them_in_arrival_order_even_for_a_workload_out_of_or
     assert times == sorted(times)
     assert [r.prompt_token_ids for r in workload.iter_requests(1000)] == \
         [r.prompt_token_ids for r in workload.make_requests(1000)]
+
+
+def test_a_prompt_is_drawn_only_when_read() -> None:
+    """Without prefix caching nothing reads a simulated prompt; with it, hashing draws each one once."""
+    workload = Workload.synthetic(20, (32, 300), 8, arrival=50.0, seed=2).with_lazy_prompts()
+    for caching in (False, True):
+        config = EngineConfig(max_num_seqs=8, enable_prefix_caching=caching)
+        env = simpy.Environment()
+        replica = Simulator("llama-3.1-8b", "h100-sxm", config).make_executor(env)
+        requests = workload.make_requests(50_000)
+        env.process(feed_arrivals(env, requests, replica.add_request))
+        env.run()
+        assert replica.metrics().completed == 20
+        assert all(r.prompt_token_ids.is_drawn == caching for r in requests)  # type: ignore[union-attr]
+    lazy = tokens()
+    view = lazy[10:20]
+    assert not lazy.is_drawn and view[0] == list(lazy)[10] and lazy.is_drawn and view.is_drawn  # one draw, shared
