@@ -98,8 +98,8 @@ def combined_metrics(row_streams: Sequence[MetricsStream], step_streams: Sequenc
                      num_failed: int = 0) -> RunMetrics:
     """`RunMetrics` over the requests of `row_streams` (in their order) and the steps of `step_streams`: one
     engine, or a fleet's end-to-end requests and all its replicas' steps. Every request must have finished."""
-    rows = [row for stream in row_streams for row in stream.rows]
-    if any(row is None for row in rows):
+    rows = [row for stream in row_streams for row in stream.rows if row is not None]
+    if len(rows) < sum(len(stream.rows) for stream in row_streams):
         raise ValueError("a request of the stream has not finished")
     steps = StepTally()
     gaps: Counter[float] = Counter()
@@ -107,6 +107,5 @@ def combined_metrics(row_streams: Sequence[MetricsStream], step_streams: Sequenc
         steps.merge(stream.steps)
     for stream in row_streams:
         gaps.update(stream.gaps.counts())
-    aborted = sum(not row.finished for row in rows)  # type: ignore[union-attr]
-    return RunMetrics.from_rows(rows, steps, counted_latency_summary("itl", gaps),  # type: ignore[arg-type]
-                                num_failed=num_failed + aborted)
+    aborted = sum(not row.finished for row in rows)
+    return RunMetrics.from_rows(rows, steps, counted_latency_summary("itl", gaps), num_failed=num_failed + aborted)

@@ -208,8 +208,7 @@ class Cluster:
                 env.run()
                 served, num_failed = served_and_refused(replicas)
             if self.streaming:  # every replica's steps; the requests of those that finish them
-                metrics = combined_metrics([r.stream for r in end_to_end], [r.stream for r in replicas],
-                                           num_failed)  # type: ignore[misc]
+                metrics = combined_metrics([r.stream for r in end_to_end], [r.stream for r in replicas], num_failed)
             else:  # one step log, by start time; sorted() is stable, so simultaneous steps keep replica order
                 steps = sorted((s for r in replicas for s in r.steps), key=lambda s: s.start)
                 metrics = RunMetrics.from_requests(served, steps, num_failed=num_failed)

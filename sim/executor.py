@@ -163,7 +163,9 @@ class SimulatedExecutor:
     Requests come in through `add_request` (from `feed`, a router, or a disaggregated prefill); the engine
     process starts on construction and runs for as long as the SimPy environment does. `on_step`, if set,
     sees the scheduler and each step's record right after the step (a live view's recorder,
-    serving_lab/dashboard_replay.py).
+    serving_lab/dashboard_replay.py); `on_finish`, each request as it finishes (a progress bar).
+    With `streaming=True` it keeps neither its requests nor a step log: a `MetricsStream`
+    (core/metrics_stream.py) gathers its metrics as it goes, and a `StepRecord` is made only for `on_step`.
     """
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, step_timer: StepTimer,
@@ -181,7 +183,7 @@ class SimulatedExecutor:
         self._finished_events: dict[str, simpy.Event] = {}
         self._wakeup: simpy.Event | None = None  # set while the engine sleeps with nothing to run
         self.on_step: StepObserver | None = None
-        self.on_finish: Callable[[Request], None] | None = None  # sees each request as it finishes (progress)
+        self.on_finish: Callable[[Request], None] | None = None
         env.process(self._engine_loop())
 
     @property
