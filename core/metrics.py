@@ -29,8 +29,8 @@ which the scheduling-policy numbers come (lesson 3):
 
 Two ways in, one set of formulas (`RunMetrics.from_rows`): `from_requests` reads kept requests and the step
 log at the end of a run; a streamed run (core/metrics_stream.py) brings rows without token times, a
-`StepTally` (the steps counted, not kept) and its inter-token gaps counted (`counted_latency_summary`, the
-same numbers as `latency_summary` of the listed gaps, to the last bit).
+`StepTally` (the steps counted, not kept) and the summary of its inter-token gaps, counted rather than listed
+(the same numbers as `latency_summary` of the listed gaps, to the last bit).
 
 Lesson: lessons/01-continuous-batching.md (measuring a server); per-tenant numbers and goodput in
 lessons/03-chunked-prefill-and-disaggregation.md#goodput.
@@ -38,8 +38,6 @@ lessons/03-chunked-prefill-and-disaggregation.md#goodput.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
 import operator
 from array import array
@@ -184,46 +182,6 @@ def _sorted_percentile(xs: list[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def exact_sum(counts: Iterable[tuple[float, int]]) -> float:
-    """The sum of each value repeated its count, correctly rounded, as `math.fsum` of the repeated values
-    gives it (so a mean from counts equals `fmean` of the values to the last bit): exact integer arithmetic
-    in units of the smallest float, 2**-1074."""
-    total = 0
-    for value, count in counts:
-        numerator, denominator = value.as_integer_ratio()  # denominator: a power of two, at most 2**1074
-        total += numerator * count << (1074 - denominator.bit_length() + 1)
-    return total / (1 << 1074)
-
-
-def counted_latency_summary(prefix: str, counts_s: Mapping[float, int]) -> dict[str, float]:
-    """`latency_summary` of latencies given as value -> how many times it occurs (in seconds): the same
-    numbers, in memory that grows with the distinct values, not with the values."""
-    ms: dict[float, int] = {}
-    for value, count in counts_s.items():
-        key = value * 1000
-        ms[key] = ms.get(key, 0) + count
-    values = sorted(ms)
-    ends = list(itertools.accumulate(ms[v] for v in values))  # ends[i]: how many values are <= values[i]
-    n = ends[-1] if ends else 0
-    if not n:
-        return {f"{stat}_{prefix}_ms": math.nan for stat in ("mean", "median", "p90", "p99")}
-
-    def at(rank: int) -> float:  # the rank-th smallest value, from 0
-        return values[bisect.bisect_right(ends, rank)]
-
-    def percentile(q: float) -> float:  # `_sorted_percentile`, with `at` for the sorted list
-        pos = (n - 1) * q / 100
-        lo = math.floor(pos)
-        return at(lo) + (at(min(lo + 1, n - 1)) - at(lo)) * (pos - lo)
-
-    return {
-        f"mean_{prefix}_ms": exact_sum((v, ms[v]) for v in values) / n,
-        f"median_{prefix}_ms": at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2,  # statistics.median
-        f"p90_{prefix}_ms": percentile(90),
-        f"p99_{prefix}_ms": percentile(99),
-    }
 
 
 def latency_summary(prefix: str, values_s: list[float]) -> dict[str, float]:

@@ -8,13 +8,15 @@ import dataclasses
 import math
 import random
 import weakref
+from array import array
+from collections import Counter
 
 import pytest
 import simpy
 
 from core import EngineConfig, Exponential, Request, Workload
-from core.metrics import RunMetrics, counted_latency_summary, exact_sum, latency_summary
-from core.metrics_stream import InterTokenGaps
+from core.metrics import RunMetrics, latency_summary
+from core.metrics_stream import InterTokenGaps, counted_latency_summary, values_at
 from sim import Cluster, Simulator
 from sim.autoscaler import Autoscaler
 from sim.executor import feed_arrivals
@@ -104,17 +106,23 @@ def test_a_streamed_run_lets_each_request_go_when_it_finishes() -> None:
 
 def test_counted_gaps_give_the_summary_of_the_listed_gaps() -> None:
     rng = random.Random(0)
-    values = [rng.choice([0.0, 0.0125, 1e-3 * rng.random(), 0.1, 2.5 * rng.random()]) for _ in range(2001)]
-    counts: dict[float, int] = {}
-    for v in values:
-        counts[v] = counts.get(v, 0) + 1
-    for n in (1, 2, 3, 10, 2000, 2001):  # odd and even counts: the median's two forms
-        some: dict[float, int] = {}
-        for v in values[:n]:
-            some[v] = some.get(v, 0) + 1
-        assert counted_latency_summary("itl", some) == latency_summary("itl", values[:n])
-    assert exact_sum((v, 1) for v in values) == math.fsum(values)
-    assert all(math.isnan(x) for x in counted_latency_summary("itl", {}).values())
+    values = [rng.choice([0.0, 0.0125, 1e-3 * rng.random(), 0.1, 0.1 + 1e-9, 2.5 * rng.random(), 40 * rng.random()])
+              for _ in range(3001)]
+    for n in (1, 2, 3, 10, 101, 2000, 3001):  # odd and even counts: the median's two forms
+        counts = Counter(values[:n])
+        summary = counted_latency_summary("itl", array("d", counts.keys()), array("q", counts.values()))
+        assert summary == latency_summary("itl", values[:n])
+    assert all(math.isnan(x) for x in counted_latency_summary("itl", array("d"), array("q")).values())
+
+
+def test_values_at_ranks_of_a_multiset() -> None:
+    rng = random.Random(1)
+    for _ in range(50):
+        counts = Counter({rng.choice([rng.random(), rng.randint(0, 3) / 7, 1e3 * rng.random()]): rng.randint(1, 9)
+                          for _ in range(rng.randint(1, 300))})
+        flat = sorted(counts.elements())
+        ranks = {rng.randrange(len(flat)) for _ in range(6)}
+        assert values_at(array("d", counts.keys()), array("q", counts.values()), ranks) == {r: flat[r] for r in ranks}
 
 
 def test_gaps_on_consecutive_steps_are_counted_as_a_run_others_one_by_one() -> None:
@@ -125,5 +133,6 @@ def test_gaps_on_consecutive_steps_are_counted_as_a_run_others_one_by_one() -> N
     gaps.add([0.1, 0.7])  # the steps between skipped: counted one by one
     gaps.add([0.7, 0.7])  # two tokens in one step
     gaps.add([0.7])  # one token: no gap
-    assert gaps.counts() == {0.3 - 0.25: 1, 0.7 - 0.3: 1, 0.7 - 0.1: 1, 0.0: 1}
+    values, counts = gaps.counted()
+    assert Counter(dict(zip(values, counts))) == {0.3 - 0.25: 1, 0.7 - 0.3: 1, 0.7 - 0.1: 1, 0.0: 1}
     assert not gaps._others.keys() & {0.3 - 0.25, 0.7 - 0.3}
