@@ -10,7 +10,9 @@ caching nothing reads a simulated prompt, so it is never drawn.
 
 It is a read-only `Sequence[int]` that behaves as the list it stands for where the core uses a prompt:
 `len`, indexing, iteration, `==` with a list, and slicing, which returns another `SeededTokens` (a view of
-the same draw) so that a prefill chunk's ids (`Request.token_ids`) stay unread; `+` with a list gives a list.
+the same draw) while nothing has been read, so that a prefill chunk's ids (`Request.token_ids`) stay unread,
+and a list once the ids are drawn (the prefix cache reads each block's ids: a list is the fastest to read);
+`+` with a list gives a list.
 
 Lesson: lessons/07-tuning-knobs.md#from-one-replica-to-a-fleet (fleets, up to a million requests).
 """
@@ -72,6 +74,8 @@ class SeededTokens(Sequence[int]):
             start, stop, step = index.indices(self.length)
             if step != 1:
                 return self._ids()[index]
+            if self.draw.ids is not None:  # drawn already: a list, as fast to read as a list prompt's slice
+                return self.draw.ids[self.offset + start:self.offset + max(start, stop)].tolist()
             return SeededTokens(self.draw, self.offset + start, max(0, stop - start))
         if index < 0:
             index += self.length
@@ -80,7 +84,7 @@ class SeededTokens(Sequence[int]):
         return self.draw.drawn()[self.offset + index]
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._ids())
+        return iter(self.draw.drawn()[self.offset:self.offset + self.length])
 
     def __add__(self, other: object) -> list[int]:
         if not isinstance(other, (list, tuple, SeededTokens)):

@@ -21,7 +21,10 @@ def tokens(length: int = 100, seed: object = "s") -> SeededTokens:
 
 def test_it_reads_as_the_list_it_stands_for() -> None:
     lazy = tokens()
+    unread = lazy[10:90][5:]
+    assert isinstance(unread, SeededTokens) and not lazy.is_drawn  # a view while nothing is read
     ids = list(lazy)
+    assert unread == ids[15:90]
     assert len(lazy) == len(ids) == 100 and all(100 <= t < 1000 for t in ids)
     assert lazy == ids and ids == lazy and lazy == tuple(ids) and lazy != ids[:-1]
     assert [lazy[i] for i in range(100)] == ids and lazy[-1] == ids[-1] and lazy[-100] == ids[0]
@@ -31,7 +34,7 @@ def test_it_reads_as_the_list_it_stands_for() -> None:
     for _ in range(200):  # slices of slices, in any order, with any bounds
         a, b = sorted(rng.randint(-120, 120) for _ in range(2))
         view = lazy[a:b]
-        assert isinstance(view, SeededTokens) and view == ids[a:b] and len(view) == len(ids[a:b])
+        assert view == ids[a:b] and len(view) == len(ids[a:b])
         c, d = sorted(rng.randint(-30, 30) for _ in range(2))
         assert view[c:d] == ids[a:b][c:d]
     assert lazy[::3] == ids[::3] and lazy[5:1] == []
@@ -102,3 +105,4 @@ def test_a_prompt_is_drawn_only_when_read() -> None:
     lazy = tokens()
     view = lazy[10:20]
     assert not lazy.is_drawn and view[0] == list(lazy)[10] and lazy.is_drawn and view.is_drawn  # one draw, shared
+    assert lazy[10:20] == list(view) and isinstance(lazy[10:20], list)  # drawn: slices are lists
