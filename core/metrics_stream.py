@@ -7,8 +7,9 @@ need ~100 GB. A stream keeps instead
   itself can then go);
 - per step, its end time and KV usage (16 bytes) and its verifies' counts (`StepTally`);
 - every inter-token gap, counted without being listed (`InterTokenGaps`).
-`metrics()` gives the `RunMetrics` the kept run gives, field for field (an empty step log apart), to the
-last bit: the same rows and the same gaps feed the same formulas.
+`metrics()` gives the `RunMetrics` the kept run gives, field for field, to the last bit: the same rows and the
+same gaps feed the same formulas. What it leaves out: the step log (empty) and the rows' token times, so
+service over time (`RunMetrics.tenant_service`, `jain_fairness`) and a dashboard replay need a kept run.
 
 Lesson: lessons/07-tuning-knobs.md#from-one-replica-to-a-fleet (fleets, up to a million requests).
 """
