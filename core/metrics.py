@@ -27,6 +27,11 @@ which the scheduling-policy numbers come (lesson 3):
   per second that met both latency SLOs; `slo_attainment` is the share of all requests that met them.
 `to_dict` leaves the rows, the per-tenant table and the step log out: it stays a flat dict of numbers.
 
+Two ways in, one set of formulas (`RunMetrics.from_rows`): `from_requests` reads kept requests and the step
+log at the end of a run; a streamed run (core/metrics_stream.py) brings rows without token times, a
+`StepTally` (the steps counted, not kept) and the summary of its inter-token gaps, counted rather than listed
+(the same numbers as `latency_summary` of the listed gaps, to the last bit).
+
 Lesson: lessons/01-continuous-batching.md (measuring a server); per-tenant numbers and goodput in
 lessons/03-chunked-prefill-and-disaggregation.md#goodput.
 """
@@ -35,7 +40,9 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable, Mapping
+from array import array
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from statistics import fmean, median
 
@@ -69,9 +76,7 @@ class StepRecord:
     def from_output(cls, output: SchedulerOutput, start: float, duration: float,
                     result: StepResult | None = None) -> StepRecord:
         query_lens, context_lens = output.batch_shape
-        verified = () if result is None else tuple([
-            (s.request_id, s.num_draft_tokens, len(result.sampled_token_ids[s.request_id]) - 1)
-            for s in output.scheduled if s.num_draft_tokens and s.request_id in result.sampled_token_ids])
+        verified = () if result is None else verifies(output, result)
         return cls(step_id=output.step_id, start=start, duration=duration, query_lens=query_lens,
                    context_lens=context_lens, kv_usage=output.kv_usage, num_live_tokens=output.num_live_tokens,
                    num_reserved_slots=output.num_reserved_slots, num_preempted=len(output.preempted_request_ids),
@@ -88,9 +93,16 @@ class StepRecord:
         return len(self.query_lens)
 
 
-@dataclass(frozen=True)
+def verifies(output: SchedulerOutput, result: StepResult) -> tuple[tuple[str, int, int], ...]:
+    """(request id, draft tokens, accepted drafts) for each request of the step that verified drafts."""
+    return tuple([(s.request_id, s.num_draft_tokens, len(result.sampled_token_ids[s.request_id]) - 1)
+                  for s in output.scheduled if s.num_draft_tokens and s.request_id in result.sampled_token_ids])
+
+
+@dataclass(frozen=True, slots=True)  # slots: a streamed million-request run keeps a million rows
 class RequestRecord:
-    """One request's row: who sent it, when it moved, what it cost. Times on the run's clock, in seconds."""
+    """One request's row: who sent it, when it moved, what it cost. Times on the run's clock, in seconds.
+    A streamed run (core/metrics_stream.py) keeps no token times: `token_times` is None."""
 
     request_id: str
     tenant: str | None
@@ -104,13 +116,17 @@ class RequestRecord:
     num_cached_tokens: int
     num_preemptions: int
     finished: bool  # completed (False: aborted)
-    token_times: tuple[float, ...] = field(default=(), repr=False)  # when each output token was produced
+    token_times: tuple[float, ...] | None = field(default=(), repr=False)  # when each output token was produced
 
     @classmethod
-    def from_request(cls, r: Request) -> RequestRecord:
+    def from_request(cls, r: Request, keep_token_times: bool = True) -> RequestRecord:
         return cls(r.request_id, r.tenant, r.priority, r.arrival_time, r.first_scheduled_time, r.first_token_time,
                    r.finish_time, r.num_prompt_tokens, r.num_output_tokens, r.num_cached_tokens or 0,
-                   r.num_preemptions, r.status in _COMPLETED, tuple(r.token_times))
+                   r.num_preemptions, r.status in _COMPLETED, tuple(r.token_times) if keep_token_times else None)
+
+    @property
+    def tenant_key(self) -> str:
+        return DEFAULT_TENANT if self.tenant is None else self.tenant
 
     @property
     def ttft(self) -> float:
@@ -129,6 +145,9 @@ class RequestRecord:
 
     def tokens_served_by(self, t: float) -> int:
         """Prompt tokens once the prefill is done (the first token is out), plus output tokens, by time t."""
+        if self.token_times is None:
+            raise ValueError(f"request {self.request_id!r}: a streamed run keeps no token times "
+                             "(run with streaming off to count service over time)")
         if self.first_token_time is None or self.first_token_time > t:
             return 0
         return self.num_prompt_tokens + sum(1 for x in self.token_times if x <= t)
@@ -225,40 +244,51 @@ class RunMetrics:
     def from_requests(cls, requests: list[Request], steps: list[StepRecord], *, num_failed: int = 0,
                       duration: float | None = None) -> RunMetrics:
         """Aggregate finished requests (aborted ones count as failed) and the step log."""
-        done = [r for r in requests if r.status in _COMPLETED]
-        failed = num_failed + sum(r.status is RequestStatus.FINISHED_ABORTED for r in requests)
+        itl: list[float] = []
+        for r in requests:  # each gap between consecutive tokens (map: millions of them in a long run)
+            if r.status in _COMPLETED:
+                itl += map(operator.sub, r.token_times[1:], r.token_times)
+        num_aborted = sum(r.status is RequestStatus.FINISHED_ABORTED for r in requests)
+        return cls.from_rows([RequestRecord.from_request(r) for r in requests], StepTally.of(steps),
+                             latency_summary("itl", itl), num_failed=num_failed + num_aborted, duration=duration,
+                             steps_kept=steps)
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[RequestRecord], steps: StepTally, itl: Mapping[str, float], *,
+                  num_failed: int = 0, duration: float | None = None,
+                  steps_kept: list[StepRecord] | None = None) -> RunMetrics:
+        """Aggregate request rows, counted steps and the ITL summary (`latency_summary("itl", ...)` or its
+        counted form): what a kept run (`from_requests`) and a streamed one (core/metrics_stream.py) share.
+        `num_failed` counts every request that did not complete; `steps_kept` is the step log, if kept."""
+        done = [row for row in rows if row.finished]
         if duration is None:
-            duration = (max(r.finish_time for r in done) - min(r.arrival_time for r in requests)) if done else 0.0
+            duration = (max(r.finish_time for r in done) - min(r.arrival_time for r in rows)) if done else 0.0
         ttft = [r.first_token_time - r.arrival_time for r in done]
         e2el = [r.finish_time - r.arrival_time for r in done]
         tpot = [(r.finish_time - r.first_token_time) / (r.num_output_tokens - 1)
                 for r in done if r.num_output_tokens > 1]
-        itl: list[float] = []
-        for r in done:  # each gap between consecutive tokens (map: millions of them in a long run)
-            itl += map(operator.sub, r.token_times[1:], r.token_times)
         queue = [r.first_scheduled_time - r.arrival_time for r in done]
         n_in = sum(r.num_prompt_tokens for r in done)
         n_out = sum(r.num_output_tokens for r in done)
         per_s = (lambda x: x / duration) if duration > 0 else (lambda x: math.nan)
-        usage = [s.kv_usage for s in steps]
-        hits = sum(r.num_cached_tokens or 0 for r in done)
+        hits = sum(r.num_cached_tokens for r in done)
         return cls(
-            completed=len(done), failed=failed, duration=duration,
+            completed=len(done), failed=num_failed, duration=duration,
             total_input_tokens=n_in, total_output_tokens=n_out,
             request_throughput=per_s(len(done)), output_throughput=per_s(n_out),
             total_token_throughput=per_s(n_in + n_out),
-            **latency_summary("ttft", ttft), **latency_summary("tpot", tpot), **latency_summary("itl", itl),
+            **latency_summary("ttft", ttft), **latency_summary("tpot", tpot), **itl,
             **latency_summary("e2el", e2el),
             mean_queue_ms=fmean(queue) * 1000 if queue else math.nan,
-            num_preemptions=sum(r.num_preemptions for r in requests),
-            num_steps=len(steps),
-            mean_kv_usage=fmean(usage) if usage else 0.0,
-            max_kv_usage=max(usage, default=0.0),
+            num_preemptions=sum(r.num_preemptions for r in rows),
+            num_steps=steps.num_steps,
+            mean_kv_usage=fmean(steps.kv_usage) if steps.kv_usage else 0.0,
+            max_kv_usage=max(steps.kv_usage, default=0.0),
             prefix_cache_queries=n_in, prefix_cache_hits=hits,
             prefix_cache_hit_rate=hits / n_in if n_in else 0.0,
-            steps=steps,
-            **spec_decode_counts(steps),
-            requests=tuple(RequestRecord.from_request(r) for r in requests),
+            steps=[] if steps_kept is None else steps_kept,
+            **_spec_decode_counts(steps.verified),
+            requests=tuple(rows),
             per_tenant=_per_tenant(done),
         )
 
@@ -308,8 +338,8 @@ class RunMetrics:
 _NOT_SCALAR = frozenset({"steps", "requests", "per_tenant"})
 
 
-def _per_tenant(done: list[Request]) -> dict[str, TenantStats]:
-    by_tenant: dict[str, list[Request]] = {}
+def _per_tenant(done: list[RequestRecord]) -> dict[str, TenantStats]:
+    by_tenant: dict[str, list[RequestRecord]] = {}
     for r in done:
         by_tenant.setdefault(r.tenant_key, []).append(r)
     table = {}
@@ -323,18 +353,51 @@ def _per_tenant(done: list[Request]) -> dict[str, TenantStats]:
     return table
 
 
+@dataclass
+class StepTally:
+    """What `RunMetrics` reads from a run's steps, counted rather than kept: how many, each step's KV usage
+    (8 bytes a step, for an exact mean), and how many verifies drafted d tokens and accepted a."""
+
+    num_steps: int = 0
+    kv_usage: array = field(default_factory=lambda: array("d"))
+    verified: Counter[tuple[int, int]] = field(default_factory=Counter)  # (drafted, accepted) -> verifies
+
+    @classmethod
+    def of(cls, steps: Iterable[StepRecord]) -> StepTally:
+        tally = cls()
+        for step in steps:
+            tally.add(step.kv_usage, [(drafted, accepted) for _, drafted, accepted in step.verified])
+        return tally
+
+    def add(self, kv_usage: float, verified: Iterable[tuple[int, int]] = ()) -> None:
+        self.num_steps += 1
+        self.kv_usage.append(kv_usage)
+        self.verified.update(verified)
+
+    def merge(self, other: StepTally) -> None:
+        """Count `other`'s steps too (a fleet's replicas into one run)."""
+        self.num_steps += other.num_steps
+        self.kv_usage.extend(other.kv_usage)
+        self.verified.update(other.verified)
+
+
 def spec_decode_counts(steps: list[StepRecord]) -> dict[str, object]:
     """The speculative-decoding counts of these steps' verifies (the `RunMetrics` fields of the same names);
     empty when no step verified drafts."""
-    verified = [(drafted, accepted) for s in steps for _, drafted, accepted in s.verified]
+    return _spec_decode_counts(StepTally.of(steps).verified)
+
+
+def _spec_decode_counts(verified: Counter[tuple[int, int]]) -> dict[str, object]:
     if not verified:
         return {}
-    drafted = sum(d for d, _ in verified)
-    accepted = sum(a for _, a in verified)
-    by_position = tuple(sum(a > i for d, a in verified if d > i) / sum(d > i for d, _ in verified)
+    num_drafts = sum(verified.values())
+    drafted = sum(d * n for (d, _), n in verified.items())
+    accepted = sum(a * n for (_, a), n in verified.items())
+    by_position = tuple(sum(n for (d, a), n in verified.items() if d > i and a > i)
+                        / sum(n for (d, _), n in verified.items() if d > i)
                         for i in range(max(d for d, _ in verified)))
-    return dict(num_drafts=len(verified), num_draft_tokens=drafted, num_accepted_tokens=accepted,
-                draft_acceptance_rate=accepted / drafted, mean_acceptance_length=1 + accepted / len(verified),
+    return dict(num_drafts=num_drafts, num_draft_tokens=drafted, num_accepted_tokens=accepted,
+                draft_acceptance_rate=accepted / drafted, mean_acceptance_length=1 + accepted / num_drafts,
                 acceptance_by_position=by_position)
 
 

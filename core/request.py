@@ -21,6 +21,7 @@ Lesson: lessons/01-continuous-batching.md (a request's life); lessons/05-specula
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -71,7 +72,8 @@ class Request:
     Every field is `given` (what the request is) or `served` (how far a replica got): `SERVING_STATE`."""
 
     request_id: str = given()
-    prompt_token_ids: list[int] = given()
+    prompt_token_ids: Sequence[int] = given()  # a list, or `SeededTokens` (core/seeded_tokens.py): ids drawn
+    # when read, for simulated prompts whose content nobody needs
     max_tokens: int = given()
     arrival_time: float = given(default=0.0)
     eos_token_ids: frozenset[int] = given(default=frozenset())
@@ -101,7 +103,10 @@ class Request:
     spec_token_ids: list[int] = served(default_factory=list)  # draft tokens for the next step (lesson 5)
 
     def __post_init__(self) -> None:
-        if not self.prompt_token_ids:
+        # a prompt never changes, so its length is read once: the scheduler asks for it millions of times,
+        # and a `SeededTokens` answers len() in Python, not C
+        self._num_prompt_tokens = len(self.prompt_token_ids)
+        if not self._num_prompt_tokens:
             raise ValueError(f"request {self.request_id!r}: prompt_token_ids is empty")
         if self.max_tokens < 1:
             raise ValueError(f"request {self.request_id!r}: max_tokens must be >= 1, got {self.max_tokens}")
@@ -126,7 +131,7 @@ class Request:
 
     @property
     def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+        return self._num_prompt_tokens
 
     @property
     def num_output_tokens(self) -> int:
@@ -135,16 +140,16 @@ class Request:
     @property
     def num_tokens(self) -> int:
         """Known tokens: prompt plus generated."""
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return self._num_prompt_tokens + len(self.output_token_ids)
 
     @property
     def max_total_tokens(self) -> int:
         """The most tokens this request can ever hold in the cache (what a reserving allocator reserves)."""
-        return len(self.prompt_token_ids) + self.max_tokens
+        return self._num_prompt_tokens + self.max_tokens
 
-    def token_ids(self, start: int, stop: int) -> list[int]:
-        """Known tokens in [start, stop): prompt first, then output."""
-        n_prompt = len(self.prompt_token_ids)
+    def token_ids(self, start: int, stop: int) -> Sequence[int]:
+        """Known tokens in [start, stop): prompt first, then output (a prompt's `SeededTokens` stay lazy)."""
+        n_prompt = self._num_prompt_tokens
         if stop <= n_prompt:
             return self.prompt_token_ids[start:stop]
         if start >= n_prompt:

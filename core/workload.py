@@ -16,6 +16,9 @@ stream per group, so every request of a group (and of later workloads with the s
 begins with the same tokens. A request can also open with the workload's *system prompt*, one seeded stream
 shared by every request that has one, before its group's tokens (`chat`: a system prompt, then the history).
 
+For a million-request replay, `with_lazy_prompts` makes each wholly random prompt a `SeededTokens` (drawn
+only when read) and `iter_requests` makes each request only when a run reaches its arrival.
+
 Workloads of several senders are built by tagging each (`with_tenant`, `with_priority`) and adding them:
 `a + b` holds the requests of both in arrival order; or one stream is shared out among tenants in fixed
 proportions (`with_tenant_mix`, the command line's `tenants=a:3,b:1`).
@@ -29,11 +32,12 @@ from __future__ import annotations
 import functools
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from core.request import Request
+from core.seeded_tokens import SeededTokens
 from core.trace import Trace, load_trace
 
 
@@ -68,7 +72,7 @@ def _sample_length(spec: LengthSpec, rng: random.Random, what: str) -> int:
 COPY_PASSAGE_LEN = 64  # `Workload.copying`'s passage: long enough that a small model copies it
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a million-request replay holds a million of these
 class WorkloadRequest:
     arrival_time: float
     prompt_len: int
@@ -90,6 +94,7 @@ class Workload:
     seed: int = 0
     name: str = "workload"
     prefix_seed: int | None = None  # seeds the prefix groups' streams (None: `seed`); a warm-up shares it
+    lazy_prompts: bool = False  # random prompts as `SeededTokens`, drawn when read (`with_lazy_prompts`)
 
     @classmethod
     def synthetic(cls, num_requests: int, prompt_len: LengthSpec, output_len: LengthSpec,
@@ -263,6 +268,13 @@ class Workload:
                                                     f"session-{r.prefix_group}") for r in self.requests),
                        name=f"{self.name}@sessions")
 
+    def with_lazy_prompts(self) -> Workload:
+        """The same requests, each wholly random prompt (no given ids, passage, system prompt or prefix group)
+        made a `SeededTokens` of its own seed: nothing in memory until read, so a million-request replay fits.
+        Its ids differ from an eager run's (drawn per request, not from one stream), its length does not; a
+        random prompt shares no full block with another either way, so the decisions are the same."""
+        return replace(self, lazy_prompts=True)
+
     def delayed(self, seconds: float) -> Workload:
         """The same requests, each arriving `seconds` later: phases of a day composed with `+` (a spike
         at minute 2 of a quiet stream)."""
@@ -297,6 +309,18 @@ class Workload:
     def make_requests(self, vocab_size: int, eos_token_ids: frozenset[int] = frozenset()) -> list[Request]:
         """Fresh `Request` objects (ids "0", "1", ...); random prompts avoid the first ids, where
         tokenizers keep their special tokens."""
+        return list(self._requests(vocab_size, eos_token_ids))
+
+    def iter_requests(self, vocab_size: int, eos_token_ids: frozenset[int] = frozenset()) -> Iterator[Request]:
+        """`make_requests`'s requests in arrival order (ties in workload order), each made only when the caller
+        reaches it, so a run that lets finished requests go holds just those in flight. A workload out of
+        arrival order (rare: every constructor and `+` keep it) is made whole and sorted first."""
+        times = [w.arrival_time for w in self.requests]
+        if any(later < earlier for earlier, later in zip(times, times[1:])):
+            return iter(sorted(self.make_requests(vocab_size, eos_token_ids), key=lambda r: r.arrival_time))
+        return self._requests(vocab_size, eos_token_ids)
+
+    def _requests(self, vocab_size: int, eos_token_ids: frozenset[int]) -> Iterator[Request]:
         rng = random.Random(self.seed + 1)
         low = min(100, vocab_size // 2)
         streams: dict[int, list[int]] = {}
@@ -308,20 +332,21 @@ class Workload:
                 # a group's stream comes from its own seed, so it is the same in every workload (chat turns)
                 group_rng = random.Random(f"{prefix_seed}:prefix:{w.prefix_group}")
                 streams[w.prefix_group] = group_rng.choices(range(low, vocab_size), k=w.prefix_len)
-        out = []
         for i, w in enumerate(self.requests):
+            ids: Sequence[int]
             if w.prompt_token_ids is not None:
                 ids = list(w.prompt_token_ids)
             elif w.passage_len:
                 passage = rng.choices(range(low, vocab_size), k=w.passage_len)
                 ids = (passage * -(-w.prompt_len // w.passage_len))[:w.prompt_len]
+            elif self.lazy_prompts and not w.system_len and w.prefix_group is None:
+                ids = SeededTokens.seeded(f"{self.seed}:prompt:{i}", w.prompt_len, low, vocab_size)
             else:
                 prefix = system[:w.system_len] + streams.get(w.prefix_group, [])[:w.prefix_len]
                 ids = prefix + rng.choices(range(low, vocab_size), k=w.prompt_len - len(prefix))
-            out.append(Request(request_id=str(i), prompt_token_ids=ids, max_tokens=w.output_len,
-                               arrival_time=w.arrival_time, eos_token_ids=eos_token_ids, ignore_eos=True,
-                               tenant=w.tenant, cache_salt=w.cache_salt, priority=w.priority, user=w.user))
-        return out
+            yield Request(request_id=str(i), prompt_token_ids=ids, max_tokens=w.output_len,
+                          arrival_time=w.arrival_time, eos_token_ids=eos_token_ids, ignore_eos=True,
+                          tenant=w.tenant, cache_salt=w.cache_salt, priority=w.priority, user=w.user)
 
 
 # Published traces' (prompt, output) lengths, in core/data: each file says where it comes from. Small samples

@@ -151,11 +151,14 @@ class AutoscaledFleet:
     """Replicas of one `Simulator` on `env`, added and drained by `autoscaler`, fed through `router`.
 
     `deliver(request)` is the front door: it routes to a serving replica, or holds the request until one is.
-    The cluster calls `run_until_done` as a SimPy process next to its arrivals and `close` at the end."""
+    The cluster calls `run_until_done` as a SimPy process next to its arrivals and `close` at the end.
+    `make_replica(name)` makes each new replica (default: `simulator.make_executor` on `env`; the cluster's
+    sets streaming and a progress callback)."""
 
     def __init__(self, env: simpy.Environment, simulator: Simulator, router: Router, autoscaler: Autoscaler,
-                 num_requests: int) -> None:
+                 num_requests: int, make_replica: Callable[[str], SimulatedExecutor] | None = None) -> None:
         self.env, self.simulator, self.router, self.autoscaler = env, simulator, router, autoscaler
+        self._make_replica = make_replica or (lambda name: simulator.make_executor(env, name))
         self.timeline = FleetTimeline(cold_start_s=autoscaler.cold_start.seconds(simulator))
         self.replicas: list[SimulatedExecutor] = []  # every replica ever started, in order
         self.serving: list[SimulatedExecutor] = []
@@ -282,7 +285,7 @@ class AutoscaledFleet:
             self._hand_over(request)
 
     def _new_replica(self) -> SimulatedExecutor:
-        replica = self.simulator.make_executor(self.env, f"replica{len(self.replicas)}")
+        replica = self._make_replica(f"replica{len(self.replicas)}")
         self.replicas.append(replica)
         self._started_at[replica.name] = self.env.now
         return replica

@@ -38,7 +38,10 @@ is not modelled.
 
 Output: `RunMetrics` over the end-to-end requests, with every replica's steps in one log ordered by start
 time; `Cluster.simulate` also returns each replica's own metrics and the GPU-seconds the fleet was up (an
-autoscaled fleet: its timeline), from which `ClusterRun.cost_per_million_tokens` prices the run.
+autoscaled fleet: its timeline), from which `ClusterRun.cost_per_million_tokens` prices the run. With
+`streaming=True` requests are made as they arrive and let go as they finish, and each replica gathers its
+metrics as it runs (core/metrics_stream.py): the same numbers, without the step log or token times, in memory
+that a million requests fit (benchmarks/fleet_scale.py).
 
 Lesson: lessons/03-chunked-prefill-and-disaggregation.md#disaggregation (colocated vs xP+yD disaggregated, the KV
 link swept); lessons/04-prefix-caching.md#tenant-isolation (why both copies carry tenant and cache_salt);
@@ -48,7 +51,7 @@ lessons/07-tuning-knobs.md#from-one-replica-to-a-fleet (routers, autoscaling, co
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any
 
@@ -57,13 +60,14 @@ import simpy
 from core.arch_config import ArchConfig
 from core.config import EngineConfig
 from core.metrics import RunMetrics
+from core.metrics_stream import combined_metrics
 from core.request import SERVING_STATE, Request
 from core.workload import Workload
 from sim.autoscaler import AutoscaledFleet, Autoscaler, FleetTimeline
 from sim.executor import SimulatedExecutor, feed_arrivals
 from sim.hardware import HardwareProfile
-from sim.router import Fleet, Router, make_router
-from sim.simulator import Simulator, resolve_hardware
+from sim.router import Fleet, make_router
+from sim.simulator import Simulator, gc_paused, resolve_hardware
 
 # ---- disaggregation: one request, two replicas ------------------------------------------------------
 
@@ -120,6 +124,7 @@ class Cluster:
     `autoscaler`, starting at its initial size. Disaggregated: give `num_prefill_replicas` and
     `num_decode_replicas` (both >= 1) instead; the KV link defaults to the hardware profile's network
     bandwidth and latency, and `kv_link_bandwidth` (bytes/s) / `kv_link_latency_s` override them.
+    `streaming`: metrics gathered as the run goes, requests let go as they finish (module docstring).
     """
 
     def __init__(self, model: ArchConfig | str | None = None, hardware: HardwareProfile | str | None = None,
@@ -128,7 +133,8 @@ class Cluster:
                  router: str = "round_robin", kv_link_bandwidth: float | None = None,
                  kv_link_latency_s: float | None = None, dtype: str | None = None,
                  tensor_parallel_size: int = 1, num_kv_blocks: int | None = None,
-                 simulators: Sequence[Simulator] | None = None, autoscaler: Autoscaler | None = None) -> None:
+                 simulators: Sequence[Simulator] | None = None, autoscaler: Autoscaler | None = None,
+                 streaming: bool = False) -> None:
         self.disaggregated = num_prefill_replicas > 0 or num_decode_replicas > 0
         if self.disaggregated and (num_prefill_replicas < 1 or num_decode_replicas < 1 or num_replicas != 1):
             raise ValueError("disaggregation needs num_prefill_replicas >= 1 and num_decode_replicas >= 1 "
@@ -158,6 +164,7 @@ class Cluster:
         self.num_prefill_replicas = num_prefill_replicas
         self.num_decode_replicas = num_decode_replicas
         self.autoscaler = autoscaler
+        self.streaming = streaming
         self.router = router
         self.fleet = Fleet(self.simulator.arch.name, self.simulator.config.block_size,
                            min(s.num_kv_blocks for s in self.simulators))
@@ -166,65 +173,79 @@ class Cluster:
     def run(self, workload: Workload) -> RunMetrics:
         return self.simulate(workload).metrics
 
-    def simulate(self, workload: Workload) -> ClusterRun:
+    def simulate(self, workload: Workload, *, on_finish: Callable[[Request], None] | None = None) -> ClusterRun:
         """Serve `workload` from empty replicas at time 0 until every request has finished or been refused
-        (and an autoscaled fleet is back at its minimum)."""
+        (and an autoscaled fleet is back at its minimum). `on_finish(request)`: called as each request
+        finishes on a replica (a progress bar; with disaggregation, on the prefill side too)."""
         env = simpy.Environment()
-        requests = workload.make_requests(self.simulator.arch.vocab_size)
+        vocab_size = self.simulator.arch.vocab_size
+        requests: Iterable[Request] = (workload.iter_requests(vocab_size) if self.streaming
+                                       else workload.make_requests(vocab_size))
         router = make_router(self.router, self.fleet)
+
+        def make_replica(simulator: Simulator, name: str) -> SimulatedExecutor:
+            replica = simulator.make_executor(env, name, streaming=self.streaming)
+            replica.on_finish = on_finish
+            return replica
+
         timeline = None
-        if self.disaggregated:
-            served, num_failed, replicas = self._run_disaggregated(env, requests)
-        elif self.autoscaler is not None:
-            fleet = AutoscaledFleet(env, self.simulator, router, self.autoscaler, len(requests))
-            env.process(feed_arrivals(env, requests, fleet.deliver))
-            env.process(fleet.run_until_done())
-            env.run()
-            timeline = fleet.close()
-            replicas = fleet.replicas
-            served, num_failed = served_and_refused(replicas)
-        else:
-            served, num_failed, replicas = self._run_colocated(env, requests, router)
-        # one step log, by start time; sorted() is stable, so simultaneous steps keep replica order
-        steps = sorted((s for r in replicas for s in r.steps), key=lambda s: s.start)
-        metrics = RunMetrics.from_requests(served, steps, num_failed=num_failed)
+        with gc_paused():
+            if self.disaggregated:
+                served, num_failed, replicas, end_to_end = self._run_disaggregated(env, requests, make_replica)
+            elif self.autoscaler is not None:
+                fleet = AutoscaledFleet(env, self.simulator, router, self.autoscaler, len(workload),
+                                        lambda name: make_replica(self.simulator, name))
+                env.process(feed_arrivals(env, requests, fleet.deliver))
+                env.process(fleet.run_until_done())
+                env.run()
+                timeline = fleet.close()
+                replicas = end_to_end = fleet.replicas
+                served, num_failed = served_and_refused(replicas)
+            else:
+                replicas = end_to_end = self._new_pool(make_replica, "replica", self.num_replicas)
+                env.process(feed_arrivals(env, requests,
+                                          lambda request: router.route(request, replicas).add_request(request)))
+                env.run()
+                served, num_failed = served_and_refused(replicas)
+            if self.streaming:  # every replica's steps; the requests of those that finish them
+                metrics = combined_metrics([r.stream for r in end_to_end], [r.stream for r in replicas], num_failed)
+            else:  # one step log, by start time; sorted() is stable, so simultaneous steps keep replica order
+                steps = sorted((s for r in replicas for s in r.steps), key=lambda s: s.start)
+                metrics = RunMetrics.from_requests(served, steps, num_failed=num_failed)
+            per_replica = {r.name: r.metrics() for r in replicas}
         gpu_seconds = timeline.gpu_seconds if timeline is not None else env.now * self._devices(replicas)
-        return ClusterRun(metrics, {r.name: r.metrics() for r in replicas}, gpu_seconds, timeline)
+        return ClusterRun(metrics, per_replica, gpu_seconds, timeline)
 
     def _devices(self, replicas: list[SimulatedExecutor]) -> int:
         """Devices of a static fleet, replica i made from simulator i mod n as `_new_pool` makes it."""
         return sum(self.simulators[i % len(self.simulators)].num_devices for i in range(len(replicas)))
 
-    def _new_pool(self, env: simpy.Environment, role: str, size: int) -> list[SimulatedExecutor]:
-        return [self.simulators[i % len(self.simulators)].make_executor(env, f"{role}{i}") for i in range(size)]
+    def _new_pool(self, make_replica: Callable[[Simulator, str], SimulatedExecutor], role: str,
+                  size: int) -> list[SimulatedExecutor]:
+        return [make_replica(self.simulators[i % len(self.simulators)], f"{role}{i}") for i in range(size)]
 
-    def _run_colocated(self, env: simpy.Environment, requests: list[Request], router: Router
-                       ) -> tuple[list[Request], int, list[SimulatedExecutor]]:
-        replicas = self._new_pool(env, "replica", self.num_replicas)
-        env.process(feed_arrivals(env, requests,
-                                  lambda request: router.route(request, replicas).add_request(request)))
-        env.run()
-        served, num_failed = served_and_refused(replicas)
-        return served, num_failed, replicas
-
-    def _run_disaggregated(self, env: simpy.Environment, requests: list[Request]
-                           ) -> tuple[list[Request], int, list[SimulatedExecutor]]:
-        prefill_pool = self._new_pool(env, "prefill", self.num_prefill_replicas)
-        decode_pool = self._new_pool(env, "decode", self.num_decode_replicas)
+    def _run_disaggregated(self, env: simpy.Environment, requests: Iterable[Request],
+                           make_replica: Callable[[Simulator, str], SimulatedExecutor]
+                           ) -> tuple[list[Request], int, list[SimulatedExecutor], list[SimulatedExecutor]]:
+        """The end-to-end requests served (none kept when streaming), how many were refused, every replica,
+        and the replicas that finish requests end to end (the decode pool)."""
+        prefill_pool = self._new_pool(make_replica, "prefill", self.num_prefill_replicas)
+        decode_pool = self._new_pool(make_replica, "decode", self.num_decode_replicas)
         prefill_router = make_router(self.router, self.fleet)
         decode_router = make_router(self.router, self.fleet)
         links = {replica.name: simpy.Resource(env, capacity=1) for replica in prefill_pool}
         cost_model = self.simulator.cost_model
         served: list[Request] = []
-        refused: list[Request] = []
+        num_refused = 0
 
         def serve(request: Request) -> Generator[simpy.Event, None, None]:
             """One request's journey: prefill replica -> KV link -> decode replica."""
+            nonlocal num_refused
             prefill_replica = prefill_router.route(request, prefill_pool)
             prefill = prefill_request(request)
             prefilled = prefill_replica.add_request(prefill)
             if prefilled is None:
-                refused.append(request)
+                num_refused += 1
                 return
             yield prefilled
             with links[prefill_replica.name].request() as link:
@@ -233,11 +254,12 @@ class Cluster:
             decode = decode_request(request, prefill)
             decoded = decode_router.route(decode, decode_pool).add_request(decode)
             if decoded is None:
-                refused.append(request)
+                num_refused += 1
                 return
             yield decoded
-            served.append(decode)
+            if not self.streaming:
+                served.append(decode)
 
         env.process(feed_arrivals(env, requests, lambda request: env.process(serve(request))))
         env.run()
-        return served, len(refused), prefill_pool + decode_pool
+        return served, num_refused, prefill_pool + decode_pool, decode_pool

@@ -35,13 +35,14 @@ lessons/05-speculative-decoding.md (simulated drafts).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Protocol
 
 import simpy
 
 from core.interfaces import SchedulerOutput, StepResult
-from core.metrics import RunMetrics, StepRecord
+from core.metrics import RunMetrics, StepRecord, verifies
+from core.metrics_stream import MetricsStream
 from core.request import Request
 from core.scheduler import Scheduler
 from sim.cost_model import BatchShape
@@ -56,7 +57,9 @@ DUMMY_SAMPLE = [DUMMY_TOKEN_ID]  # what every row that needs logits samples in a
 def feed_arrivals(env: simpy.Environment, requests: Iterable[Request], deliver: Callable[[Request], object],
                   delay_s: float = 0.0, max_concurrency: int | None = None) -> Generator[simpy.Event, None, None]:
     """SimPy process: `deliver(request)` at each request's `arrival_time` + `delay_s` (a server's front end,
-    sim/simulator.py), in order of arrival (ties keep their order). Requests arriving at the same time are
+    sim/simulator.py), in order of arrival (ties keep their order): `requests` is sorted here, unless it is an
+    iterator, which is taken to be in arrival order already and read only as far as the clock has come (so
+    a million requests can be made as they arrive: `Workload.iter_requests`). Requests arriving at the same time are
     delivered together, so "all at once" really reaches the first step all at once. One replica feeds its
     engine with it; a cluster, its router.
 
@@ -68,8 +71,10 @@ def feed_arrivals(env: simpy.Environment, requests: Iterable[Request], deliver: 
     front end's milliseconds are small against a request's seconds.)"""
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+    if not isinstance(requests, Iterator):
+        requests = iter(sorted(requests, key=lambda r: r.arrival_time))
     open_requests: list[simpy.Event] = []
-    for request in sorted(requests, key=lambda r: r.arrival_time):
+    for request in requests:
         if request.arrival_time + delay_s > env.now:
             yield env.timeout(request.arrival_time + delay_s - env.now)
         if max_concurrency is not None:
@@ -158,22 +163,27 @@ class SimulatedExecutor:
     Requests come in through `add_request` (from `feed`, a router, or a disaggregated prefill); the engine
     process starts on construction and runs for as long as the SimPy environment does. `on_step`, if set,
     sees the scheduler and each step's record right after the step (a live view's recorder,
-    serving_lab/dashboard_replay.py).
+    serving_lab/dashboard_replay.py); `on_finish`, each request as it finishes (a progress bar).
+    With `streaming=True` it keeps neither its requests nor a step log: a `MetricsStream`
+    (core/metrics_stream.py) gathers its metrics as it goes, and a `StepRecord` is made only for `on_step`.
     """
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, step_timer: StepTimer,
-                 name: str = "engine", proposer: Proposer | None = None) -> None:
+                 name: str = "engine", proposer: Proposer | None = None, *, streaming: bool = False) -> None:
         self.env = env
         self.proposer = proposer
         self.scheduler = scheduler
         self.step_timer = step_timer
         self.name = name
-        self.requests: list[Request] = []  # every accepted request, in order of arrival here
-        self.steps: list[StepRecord] = []
+        self.requests: list[Request] = []  # every accepted request, in order of arrival here (unless streaming)
+        self.steps: list[StepRecord] = []  # unless streaming
+        self.streaming = streaming
+        self.stream: MetricsStream | None = MetricsStream() if streaming else None
         self.num_refused = 0
         self._finished_events: dict[str, simpy.Event] = {}
         self._wakeup: simpy.Event | None = None  # set while the engine sleeps with nothing to run
         self.on_step: StepObserver | None = None
+        self.on_finish: Callable[[Request], None] | None = None
         env.process(self._engine_loop())
 
     @property
@@ -189,7 +199,10 @@ class SimulatedExecutor:
         except ValueError:
             self.num_refused += 1
             return None
-        self.requests.append(request)
+        if self.stream is not None:
+            self.stream.admitted(request)
+        else:
+            self.requests.append(request)
         finished = self.env.event()
         self._finished_events[request.request_id] = finished
         if self._wakeup is not None and not self._wakeup.triggered:
@@ -220,17 +233,28 @@ class SimulatedExecutor:
             finished = scheduler.update_from_output(output, result, now=env.now)
             if self.proposer is not None:
                 self.proposer.propose(scheduler)
-            record = StepRecord.from_output(output, start, duration, result)
-            self.steps.append(record)
-            if self.on_step is not None:
-                self.on_step(scheduler, record)
+            stream = self.stream
+            if stream is not None:  # counted, and a StepRecord made only for an observer
+                stream.step(env.now, output.kv_usage, () if self.proposer is None else
+                            [(drafted, accepted) for _, drafted, accepted in verifies(output, result)])
+            if stream is None or self.on_step is not None:
+                record = StepRecord.from_output(output, start, duration, result)
+                if stream is None:
+                    self.steps.append(record)
+                if self.on_step is not None:
+                    self.on_step(scheduler, record)
             for request in finished:
+                if stream is not None:
+                    stream.finished(request)
+                if self.on_finish is not None:
+                    self.on_finish(request)
                 self._finished_events.pop(request.request_id).succeed(request)
 
     def start_round(self) -> None:
         """Forget what was served so far (requests, steps, refusals) but keep the scheduler and its KV
         cache: the next `metrics()` covers only what comes after."""
         self.requests, self.steps, self.num_refused = [], [], 0
+        self.stream = MetricsStream() if self.streaming else None
 
     def metrics(self) -> RunMetrics:
         """`RunMetrics` of everything this replica served; call once the environment has run out of events."""
@@ -239,4 +263,6 @@ class SimulatedExecutor:
                 f"{self.name}: the simulation ended with {self.num_unfinished} unfinished requests "
                 f"({self.scheduler.num_running} running, {self.scheduler.num_waiting} waiting): "
                 "the scheduler stalled")
+        if self.stream is not None:
+            return self.stream.metrics(num_failed=self.num_refused)
         return RunMetrics.from_requests(self.requests, self.steps, num_failed=self.num_refused)

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import gc
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -60,6 +60,7 @@ from core.arch_config import DEFAULT_MODEL_NAME, ArchConfig
 from core.config import EngineConfig
 from core.kv_sizing import DraftFootprint, num_kv_blocks, with_swap_pool
 from core.metrics import RunMetrics
+from core.request import Request
 from core.scheduler import make_scheduler
 from core.workload import Workload
 from sim.cost_model import CostModel, activation_dtype, default_kv_cache_dtype, model_weight_bytes
@@ -215,38 +216,53 @@ class Simulator:
             return replace(self.arch, num_layers=num_layers)
         return ArchConfig.named(self.config.speculative_model)
 
-    def make_executor(self, env: simpy.Environment, name: str = "engine") -> SimulatedExecutor:
-        """A fresh replica (new scheduler, empty KV pool) on `env`'s clock."""
+    def make_executor(self, env: simpy.Environment, name: str = "engine", *,
+                      streaming: bool = False) -> SimulatedExecutor:
+        """A fresh replica (new scheduler, empty KV pool) on `env`'s clock; `streaming`: its metrics
+        gathered as it runs, its requests let go as they finish (`SimulatedExecutor`)."""
         scheduler = make_scheduler(self.config, self.num_kv_blocks, cache_namespace=self.arch.name)
         proposer = SimulatedProposer(self.acceptance) if self.acceptance is not None else None
-        return SimulatedExecutor(env, scheduler, self.step_timer, name, proposer)
+        return SimulatedExecutor(env, scheduler, self.step_timer, name, proposer, streaming=streaming)
 
     def run(self, workload: Workload, max_concurrency: int | None = None, *,
-            on_step: StepObserver | None = None) -> RunMetrics:
+            on_step: StepObserver | None = None, streaming: bool = False) -> RunMetrics:
         """Serve `workload` from an empty engine at time 0 until every request finished or was refused.
         `max_concurrency`: at most that many requests open at once, as a capped client sends them
-        (`feed_arrivals`). `on_step(scheduler, record)`: called after each step (`SimulatedExecutor.on_step`)."""
-        return self.run_rounds([workload], max_concurrency, on_step=on_step)[0]
+        (`feed_arrivals`). `on_step(scheduler, record)`: called after each step (`SimulatedExecutor.on_step`).
+        `streaming`: requests made as they arrive and let go as they finish, metrics gathered as the run goes
+        (core/metrics_stream.py): the same numbers in bounded memory, without the step log or token times."""
+        return self.run_rounds([workload], max_concurrency, on_step=on_step, streaming=streaming)[0]
 
     def run_rounds(self, workloads: list[Workload], max_concurrency: int | None = None, *,
-                   on_step: StepObserver | None = None) -> list[RunMetrics]:
+                   on_step: StepObserver | None = None, streaming: bool = False) -> list[RunMetrics]:
         """Serve the workloads one after another on one replica, each starting when the previous one has
         drained, so later rounds find the prefix cache the earlier ones left (as `bench.run_rounds`)."""
         env = simpy.Environment()
-        executor = self.make_executor(env)
+        executor = self.make_executor(env, streaming=streaming)
         executor.on_step = on_step
         results = []
         with gc_paused():
             for workload in workloads:
                 executor.start_round()
-                requests = workload.make_requests(self.arch.vocab_size)
-                for request in requests:  # arrival times count from the start of the round
-                    request.arrival_time += env.now
+                if streaming:
+                    requests: Iterable[Request] = arriving_after(workload.iter_requests(self.arch.vocab_size),
+                                                                 env.now)
+                else:
+                    requests = workload.make_requests(self.arch.vocab_size)
+                    for request in requests:  # arrival times count from the start of the round
+                        request.arrival_time += env.now
                 env.process(feed_arrivals(env, requests, executor.add_request, delay_s=self.frontend_latency_s,
                                           max_concurrency=max_concurrency))
                 env.run()
                 results.append(executor.metrics())
         return results
+
+
+def arriving_after(requests: Iterable[Request], start: float) -> Iterator[Request]:
+    """The requests as they are read, each arriving `start` seconds later (a round that starts at `start`)."""
+    for request in requests:
+        request.arrival_time += start
+        yield request
 
 
 @contextmanager
