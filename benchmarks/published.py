@@ -6,6 +6,11 @@
                                               overheads on the rows marked "fit" (scipy least squares on
                                               log(simulated / published)), write sim/data/gpu_fit.json,
                                               and write the table for the fitted profiles
+    python benchmarks/published.py --fit-by-source
+                                              fit on one source (TensorRT-LLM 0.14) with bounded, shared
+                                              terms and judge on the others (NIM, vLLM): a candidate written
+                                              to benchmarks/gpu_fit_by_source.json, never to gpu_fit.json
+                                              (benchmarks/fit_by_source.py, which says how)
     --only SUBSTRING                          only rows whose id contains SUBSTRING (repeatable)
     --all                                     also the held-out offline rows with >= 2000 output tokens, left
                                               out by default because a 2000-step wave of ~1000 requests takes
@@ -396,10 +401,17 @@ def write_results(text: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="fit the GPU profiles and write sim/data/gpu_fit.json")
+    parser.add_argument("--fit-by-source", action="store_true",
+                        help="fit on TensorRT-LLM's rows, judge on the other sources (benchmarks/fit_by_source.py)")
     parser.add_argument("--only", action="append", default=[], help="rows whose id contains this (repeatable)")
     parser.add_argument("--all", action="store_true", help="also the slow held-out rows (>= 2000 output tokens)")
     parser.add_argument("--no-write", action="store_true", help="print the table, leave RESULTS.md alone")
     args = parser.parse_args(argv)
+    if args.fit_by_source:
+        from benchmarks import fit_by_source  # imported here: it builds on this module
+
+        fit_by_source.main(["--no-write"] if args.no_write else [])
+        return
     rows = [r for r in load_rows() if (not args.only or any(o in r.id for o in args.only))
             and (args.all or args.only or not slow(r))]
     prepared = []

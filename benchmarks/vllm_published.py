@@ -57,7 +57,7 @@ from benchmarks.published import WITHIN, Row, frontend_latency_for, load_rows, s
 from core.config import EngineConfig
 from core.metrics import RunMetrics
 from core.workload import Workload
-from sim.engine_profile import ENGINE_PROFILES
+from sim.engine_profile import ENGINE_PROFILES, EngineProfile
 from sim.hardware import HardwareProfile
 from sim.simulator import Simulator
 
@@ -96,12 +96,13 @@ def approximate_ids(path: Path = ROWS_PATH) -> set[str]:
 
 # ---- one row, simulated ------------------------------------------------------------------------------
 
-def make_simulator(setup: dict, hw: HardwareProfile, frontend_latency_s: float = 0.0) -> Simulator:
-    """The row's deployment; `setup["engine_profile"]` (set only for the "+ engine" column) adds the engine's
-    CPU time per step."""
+def make_simulator(setup: dict, hw: HardwareProfile, frontend_latency_s: float = 0.0,
+                   engine: str | EngineProfile | None = None) -> Simulator:
+    """The row's deployment; `engine` (the "+ engine" column: the setup's `engine_profile`) adds the engine's CPU
+    time per step."""
     return Simulator(setup["model"], hw, EngineConfig(**setup["engine"]), dtype=setup["dtype"],
                      tensor_parallel_size=setup["tensor_parallel_size"], kv_cache_dtype=setup["kv_cache_dtype"],
-                     frontend_latency_s=frontend_latency_s, engine=setup.get("engine_profile"))
+                     frontend_latency_s=frontend_latency_s, engine=engine)
 
 
 def lengths(length: int, ratio: float) -> int | tuple[int, int]:
@@ -122,30 +123,40 @@ def workload_seed(setup: dict) -> int:
 
 @cache
 def run_setup(key: str) -> RunMetrics:
-    """One simulated run of a setup (rows reporting several metrics of one benchmark run share it)."""
+    """One simulated run of a setup on its GPU's built-in profile (rows reporting several metrics of one benchmark
+    run share it)."""
     setup = json.loads(key)
     hw = HardwareProfile.named(setup["gpu"])
+    return run(setup, hw, frontend_latency_for(hw), setup.get("engine_profile"))
+
+
+def run(setup: dict, hw: HardwareProfile, frontend_latency_s: float, engine: str | EngineProfile | None) -> RunMetrics:
+    """One simulated run of a setup on profile `hw` (benchmarks/fit_by_source.py passes candidate profiles)."""
     seed = workload_seed(setup)
     if setup["mode"] == "latency":
-        sim = make_simulator(setup, hw)
+        sim = make_simulator(setup, hw, engine=engine)
         return sim.run(Workload.synthetic(setup["batch_size"], setup["input_len"], setup["output_len"], seed=seed))
     if setup["mode"] != "served":
         raise ValueError(f"unknown mode {setup['mode']!r}")
-    sim = make_simulator(setup, hw, frontend_latency_for(hw))
+    sim = make_simulator(setup, hw, frontend_latency_s, engine)
     ratio = setup["range_ratio"]
     workload = Workload.synthetic(setup["num_prompts"], lengths(setup["input_len"], ratio),
                                   lengths(setup["output_len"], ratio), seed=seed)
     return sim.run(workload, max_concurrency=setup["max_concurrency"])
 
 
+def metric(row: Row, metrics: RunMetrics) -> float:
+    """The row's metric from a run, in the row's unit."""
+    if row.metric == "mean_latency_ms":
+        return 1e3 * metrics.duration
+    return float(getattr(metrics, SERVED_METRICS[row.metric]))
+
+
 def simulate(row: Row, with_engine: bool = False) -> float:
     """The row's metric, simulated with the built-in profile of its GPU, in the row's unit; `with_engine`: with
     the row's engine profile too (rows without one: the same number)."""
     setup = row.setup if with_engine else {k: v for k, v in row.setup.items() if k != "engine_profile"}
-    metrics = run_setup(setup_key(setup))
-    if row.metric == "mean_latency_ms":
-        return 1e3 * metrics.duration
-    return float(getattr(metrics, SERVED_METRICS[row.metric]))
+    return metric(row, run_setup(setup_key(setup)))
 
 
 # ---- the table ---------------------------------------------------------------------------------------

@@ -1,0 +1,125 @@
+"""The by-source GPU fit (benchmarks/fit_by_source.py): the split is by source, held-out rows never reach the fit,
+the candidate it wrote keeps every term inside its stated range, and on a hand-built case the fit recovers the
+terms that made the rows. The full fit and its table are benchmarks/RESULTS.md's ("gpu-fit-by-source"); nothing
+here refits the real rows."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks import vllm_published
+from benchmarks.fit_by_source import (
+    ENGINE,
+    FIT_SOURCE,
+    OUT_PATH,
+    RESULTS_PATH,
+    TERM,
+    TERMS,
+    document,
+    fit,
+    holder,
+    in_fit,
+    profile,
+)
+from benchmarks.published import Prepared, Row, Run, Simulated, StepFeatures, load_rows, slow
+from core.arch_config import ArchConfig
+from sim.cost_model import CostModel
+from sim.hardware import HardwareProfile
+
+CANDIDATE = json.loads(OUT_PATH.read_text())
+PUBLISHED = load_rows()
+VLLM = vllm_published.load()
+
+
+def test_the_split_is_by_source_not_by_row():
+    assert {document(r) for r in PUBLISHED if in_fit(r)} == {FIT_SOURCE}
+    # every row of the fit's source is in it, whatever its by-row "fit" flag, bar the ones too slow to simulate
+    assert [r.id for r in PUBLISHED if document(r) == FIT_SOURCE and not in_fit(r)] == [
+        r.id for r in PUBLISHED if document(r) == FIT_SOURCE and slow(r)]
+    assert any(not r.fit for r in PUBLISHED if in_fit(r))
+    # a post's sections are one source: the vLLM blog's FP8 KV-cache post is one document, not three
+    fp8_post = {r.source for r in VLLM if "fp8-kvcache" in r.source}
+    assert len(fp8_post) > 1 and len({document(r) for r in VLLM if "fp8-kvcache" in r.source}) == 1
+
+
+def test_held_out_rows_never_reach_the_fit():
+    held_out = [r for r in PUBLISHED + VLLM if document(r) != FIT_SOURCE]
+    assert held_out and not any(in_fit(r) for r in held_out)
+    in_candidate = {i for name, entry in CANDIDATE.items() if isinstance(entry, dict) and "provenance" in entry
+                    for i in entry["provenance"]["rows_in_fit"]}
+    assert in_candidate == {r.id for r in PUBLISHED if in_fit(r)}
+    assert in_candidate.isdisjoint(r.id for r in held_out)
+
+
+def test_the_candidate_keeps_every_term_inside_its_range():
+    terms = CANDIDATE["terms"]
+    assert {t["term"] for t in terms} == set(TERM)
+    for t in terms:
+        term = TERM[t["term"]]
+        assert (t["lower"], t["upper"]) == (term.lower, term.upper), t
+        assert term.lower * (1 - 1e-3) <= t["value"] <= term.upper * (1 + 1e-3), t
+        edge = min(t["value"] - term.lower, term.upper - t["value"]) <= 0.006 * (term.upper - term.lower)
+        assert edge or not t["on_bound"], t
+    for name in ("A100-80GB-SXM", "H100-SXM", "H200", "L40S", "B200"):
+        entry = CANDIDATE[name]
+        assert all(0.3 <= v <= 0.9 for v in entry["matmul_efficiency"].values()), name
+        assert 0.6 <= entry["bandwidth_efficiency"] <= 0.9 and entry["step_overhead_s"] >= TERM["step_overhead_s"].lower
+
+
+def test_the_h100_and_h200_differ_only_in_their_bandwidth_fraction():
+    h100, h200 = CANDIDATE["H100-SXM"], CANDIDATE["H200"]
+    shared = [k for k in h100 if k not in ("provenance", "bandwidth_efficiency")]
+    assert shared and all(h100[k] == h200[k] for k in shared)
+    # and the step overhead is the engine's: one value for every GPU
+    assert len({CANDIDATE[g]["step_overhead_s"] for g in ("A100-80GB-SXM", "H100-SXM", "H200", "L40S", "B200")}) == 1
+
+
+def test_the_results_section_is_there():
+    text = RESULTS_PATH.read_text()
+    assert '<a id="gpu-fit-by-source"></a>' in text and "<!-- gpu-fit-by-source:start -->" in text
+
+
+# ---- a hand-built case: three memory-bound one-step rows made from known terms ----
+
+H100 = HardwareProfile.named("h100-sxm")
+TRUE = {"bandwidth_efficiency": 0.8, "step_overhead_s": 1e-3, "per_seq_overhead_s": 10e-6}
+
+
+def fake_row(i: int, nbytes: float, seqs: int, efficiency: float) -> Prepared:
+    """One offline row of the fit's source: one step that only reads `nbytes`, with `seqs` requests, one output
+    token; its published throughput is what the terms give by hand: 1 / (bytes / (peak x eff) + step + seqs x q)."""
+    seconds = nbytes / (H100.memory_bandwidth * efficiency) + TRUE["step_overhead_s"] + seqs * TRUE["per_seq_overhead_s"]
+    setup = {"gpu": "h100-sxm", "model": "llama-3.1-8b", "dtype": "float16", "kv_cache_dtype": "float16",
+             "tensor_parallel_size": 1, "mode": "offline", "input_len": 128, "output_len": 128}
+    row = Row(f"hand/{i}", f"{FIT_SOURCE}, a hand-built row", "test", "output_throughput_tok_s", 1 / seconds, True, setup)
+    zeros = np.zeros(1)
+    feats = StepFeatures(zeros, zeros, np.array([nbytes]), np.array([float(seqs)]), np.array([float(seqs)]), zeros)
+    model = CostModel(ArchConfig.named("llama-3.1-8b"), H100, "float16")
+    return Prepared(Simulated(row, [Run([], 1)], row.value), model, [feats])
+
+
+def test_the_fit_recovers_the_terms_a_hand_built_case_was_made_from():
+    rows = [fake_row(0, 16e9, 1, 0.8), fake_row(1, 4e9, 1, 0.8), fake_row(2, 16e9, 201, 0.8)]
+    result = fit(rows)
+    for name, value in TRUE.items():
+        assert result.values[(name, holder(TERM[name], "H100-SXM"))] == pytest.approx(value, rel=1e-4), name
+    assert ("step_overhead_s", ENGINE) in result.values and result.rms < 1e-6
+    # the H200 takes every Hopper term from it, and its own bandwidth fraction (none fitted here: the datasheet's)
+    h200 = profile(HardwareProfile.named("h200"), result.values)
+    assert h200.step_overhead_s == pytest.approx(TRUE["step_overhead_s"], rel=1e-4)
+
+
+def test_a_truth_outside_the_range_lands_on_its_bound_and_is_reported():
+    rows = [fake_row(0, 16e9, 1, 0.97), fake_row(1, 4e9, 1, 0.97), fake_row(2, 16e9, 201, 0.97)]
+    result = fit(rows)
+    slot = ("bandwidth_efficiency", "H100-SXM")
+    assert result.values[slot] == pytest.approx(TERM["bandwidth_efficiency"].upper, abs=1e-6)
+    assert slot in result.at_bound()
+    assert all(TERM[n].lower <= v <= TERM[n].upper for (n, _), v in result.values.items())
+
+
+def test_every_term_states_why_its_range():
+    assert all(t.why and t.lower < t.initial < t.upper and t.scope in ("engine", "architecture", "gpu") for t in TERMS)
