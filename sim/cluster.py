@@ -178,9 +178,7 @@ class Cluster:
         (and an autoscaled fleet is back at its minimum). `on_finish(request)`: called as each request
         finishes on a replica (a progress bar; with disaggregation, on the prefill side too)."""
         env = simpy.Environment()
-        vocab_size = self.simulator.arch.vocab_size
-        requests: Iterable[Request] = (workload.iter_requests(vocab_size) if self.streaming
-                                       else workload.make_requests(vocab_size))
+        requests = workload.iter_requests(self.simulator.arch.vocab_size)  # each made as it arrives
         router = make_router(self.router, self.fleet)
 
         def make_replica(simulator: Simulator, name: str) -> SimulatedExecutor:

@@ -244,13 +244,8 @@ class Simulator:
         with gc_paused():
             for workload in workloads:
                 executor.start_round()
-                if streaming:
-                    requests: Iterable[Request] = arriving_after(workload.iter_requests(self.arch.vocab_size),
-                                                                 env.now)
-                else:
-                    requests = workload.make_requests(self.arch.vocab_size)
-                    for request in requests:  # arrival times count from the start of the round
-                        request.arrival_time += env.now
+                # made as they arrive, arrival times counted from the start of the round
+                requests = arriving_after(workload.iter_requests(self.arch.vocab_size), env.now)
                 env.process(feed_arrivals(env, requests, executor.add_request, delay_s=self.frontend_latency_s,
                                           max_concurrency=max_concurrency))
                 env.run()
