@@ -23,7 +23,7 @@ Lesson: lessons/05-speculative-decoding.md (simulating speculation).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from core.interfaces import SchedulerOutput, StepResult
@@ -40,16 +40,20 @@ class AcceptanceModel(Protocol):
     def num_accepted(self, step_id: int, request_id: str, num_drafts: int) -> int:
         """How many of its `num_drafts` draft tokens the verifier accepts in step `step_id`."""
 
+    def for_replica(self) -> AcceptanceModel:
+        """This model as one replica's run starts it: any random state back at its seed, its own, so that a
+        second run on the same `Simulator` repeats the first and two replicas do not share one stream."""
+
 
 @dataclass
 class AcceptanceRate:
     """Always draft the most allowed; accept draft position i with probability `rates[i]` (the last rate
     for positions past the list), stopping at the first rejection. Seeded: the same run twice gives the
-    same counts."""
+    same counts (each replica's run draws from a fresh generator: `for_replica`)."""
 
     rates: tuple[float, ...]
     seed: int = 0
-    _rng: random.Random = field(init=False, repr=False)
+    _rng: random.Random = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.rates, (int, float)):
@@ -60,6 +64,9 @@ class AcceptanceRate:
 
     def num_drafts(self, step_id: int, request_id: str, most: int) -> int:
         return most
+
+    def for_replica(self) -> AcceptanceRate:
+        return replace(self)  # a new generator from `seed` (__post_init__)
 
     def num_accepted(self, step_id: int, request_id: str, num_drafts: int) -> int:
         accepted = 0
@@ -80,6 +87,9 @@ class AcceptanceReplay:
 
     def num_accepted(self, step_id: int, request_id: str, num_drafts: int) -> int:
         return self.accepted[(step_id, request_id)]
+
+    def for_replica(self) -> AcceptanceReplay:
+        return self  # no state: reads its tables only
 
 
 def expected_tokens_per_step(acceptance_rate: float, k: int) -> float:
@@ -114,7 +124,7 @@ class SimulatedProposer:
     """Dummy drafts for the next step and dummy verified tokens after a step, as `acceptance` decides."""
 
     def __init__(self, acceptance: AcceptanceModel) -> None:
-        self.acceptance = acceptance
+        self.acceptance = acceptance.for_replica()
 
     def propose(self, scheduler: Scheduler) -> None:
         """Drafts for the step the scheduler runs next; call after `update_from_output`."""

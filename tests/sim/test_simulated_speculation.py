@@ -28,6 +28,19 @@ def test_tokens_per_verify_step_follow_leviathans_formula(a, k):
     assert metrics.total_output_tokens == workload.total_output_tokens
 
 
+def test_a_second_run_repeats_the_first_and_replicas_draw_apart():
+    """`AcceptanceRate` is seeded per replica's run (`for_replica`): run twice on one Simulator, the same
+    counts; the model a user passed in keeps no state of its own runs."""
+    workload = Workload.synthetic(4, prompt_len=16, output_len=200, seed=2)
+    acceptance = AcceptanceRate((0.6,), seed=7)
+    simulator = Simulator("smollm2-135m", "local-cpu", EngineConfig(speculative_method="ngram",
+                                                                     num_speculative_tokens=3), acceptance=acceptance)
+    first, second = simulator.run(workload), simulator.run(workload)
+    assert [s.verified for s in first.steps] == [s.verified for s in second.steps]
+    assert first == second
+    assert acceptance.for_replica() is not acceptance and acceptance.for_replica() == acceptance
+
+
 def test_formula_edges():
     assert expected_tokens_per_step(0.0, 5) == 1.0
     assert expected_tokens_per_step(1.0, 5) == 6.0
