@@ -19,7 +19,8 @@ operators, and threads that sleep between them cost single-stream decode up to 2
 - quality: `serving_lab.eval_set.compare_quality` against float32 (greedy agreement, mean KL);
 - `--kernels`: the projection kernels alone (float32, float32 through MKL's prepacked weights as inductor's
   `freezing` compiles it, the engine's int8 `Int8Linear` and int4 `Int4Linear`, both weight-only with
-  bfloat16 activations), on SmolLM2's shapes, at 1, 8 and 32 rows.
+  bfloat16 activations), on SmolLM2's shapes, at 1, 8 and 32 rows; and the LM head, float32 against the quantized
+  paths' int8-screened head, on real hidden states at 1 to 64 rows.
 
 Each engine number is the faster of two runs after a warm-up. Prints markdown; copy it with the machine
 and the command into benchmarks/RESULTS.md ("Engine speed"). A benchmark, not a test.
@@ -41,10 +42,11 @@ from transformers import AutoModelForCausalLM
 from core.arch_config import ArchConfig
 from ref_engine import LLM, SamplingParams
 from ref_engine.model.int4 import Int4Linear, Int4Weight
+from ref_engine.model.lm_head import ScreenedLMHead
 from ref_engine.model.loader import LoadedModel, load_model
 from ref_engine.model.quantization import Int8Linear
 from ref_engine.model.store import default_model_path
-from serving_lab.eval_set import compare_quality, eval_prompts
+from serving_lab.eval_set import chat_token_ids, compare_quality, eval_prompts, sequence_hidden_states
 
 PROMPT_LEN, OUTPUT_LEN = 128, 128
 # --paths id -> (the table's name, load_model's numerics, the engine's kv_cache_dtype)
@@ -119,6 +121,22 @@ def kernel_ms(arch: ArchConfig, rows: int) -> dict[str, float]:
     return result
 
 
+def lm_head_ms(loaded: LoadedModel, rows: int) -> dict[str, float]:
+    """Milliseconds for the LM head at `rows` rows of real final hidden states (an eval prompt's), float32
+    against the quantized paths' screened head (ref_engine/model/lm_head.py), and the screen's candidates."""
+    token_ids = chat_token_ids(loaded, eval_prompts(1))[0]
+    hidden = sequence_hidden_states(loaded, (token_ids * (1 + rows // len(token_ids)))[:max(rows, 64)])[-rows:]
+    weight = loaded.model.lm_head.weight
+    screened = ScreenedLMHead(weight)
+    with torch.inference_mode():
+        logits, bound = screened.approximate(hidden)
+        candidates = (logits + bound >= (logits - bound).amax(dim=1, keepdim=True)).sum(dim=1).float()
+        return {"float32 x @ W (49,152 x 576)": 1000 * fastest(lambda: hidden @ weight.T, repeats=5),
+                "int8 screen + float32 candidates (ScreenedLMHead)": 1000 * fastest(lambda: screened(hidden), repeats=5),
+                "candidates per row, median": float(candidates.median()),
+                "largest int8 error / its bound": float(((hidden @ weight.T - logits).abs() / bound).max())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--eval-prompts", type=int, default=50, help="eval-set prompts per path (200: all)")
@@ -143,6 +161,11 @@ def main() -> None:
         print("| --- | --- | --- | --- |")
         for name in table[1]:
             print(f"| {name} | " + " | ".join(f"{table[rows][name]:.1f}" for rows in table) + " |")
+        heads = {rows: lm_head_ms(reference, rows) for rows in (1, 8, 32, 64)}
+        print("\n| LM head (ms) | 1 row | 8 rows | 32 rows | 64 rows |")
+        print("| --- | --- | --- | --- | --- |")
+        for name in heads[1]:
+            print(f"| {name} | " + " | ".join(f"{heads[rows][name]:.2g}" for rows in heads) + " |")
         return
     print(f"prompt {PROMPT_LEN}, output {OUTPUT_LEN} tokens; eval {args.eval_prompts} prompts x {args.eval_tokens} tokens")
     print("\n| system | single stream (tok/s) | batch 8 (tok/s) | batch 32 (tok/s) | greedy agreement "

@@ -83,18 +83,26 @@ def greedy_continuations(loaded: LoadedModel, prompt_ids: list[list[int]], max_t
 
 
 @torch.inference_mode()
-def sequence_logprobs(loaded: LoadedModel, token_ids: list[int], block_size: int = 16,
-                      kv_cache_dtype: str = "auto") -> torch.Tensor:
-    """Log-probabilities `[len(token_ids), vocab]` of the next token after each position: one prefill of
-    the whole sequence through the engine's model (its own paged attention, a pool just big enough)."""
+def sequence_hidden_states(loaded: LoadedModel, token_ids: list[int], block_size: int = 16,
+                           kv_cache_dtype: str = "auto") -> torch.Tensor:
+    """The final hidden states `[len(token_ids), hidden]` (what the LM head reads) after each position: one
+    prefill of the whole sequence through the engine's model (its own paged attention, a pool just big enough)."""
     model, n = loaded.model, len(token_ids)
     device = next(model.parameters()).device
     num_blocks = -(-n // block_size)
     cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, next(model.parameters()).dtype)
     kv_caches = allocate_kv_cache(loaded.arch, num_blocks, block_size, cache_dtype, device)
     meta = AttentionMetadata.build([n], [n], [list(range(num_blocks))], block_size, device)
-    hidden = model(torch.tensor(token_ids, device=device), torch.arange(n, device=device), kv_caches, meta)
-    return torch.log_softmax(model.compute_logits(hidden).float(), dim=-1)
+    return model(torch.tensor(token_ids, device=device), torch.arange(n, device=device), kv_caches, meta)
+
+
+@torch.inference_mode()
+def sequence_logprobs(loaded: LoadedModel, token_ids: list[int], block_size: int = 16,
+                      kv_cache_dtype: str = "auto") -> torch.Tensor:
+    """Log-probabilities `[len(token_ids), vocab]` of the next token after each position
+    (`sequence_hidden_states`, then the model's LM head)."""
+    hidden = sequence_hidden_states(loaded, token_ids, block_size, kv_cache_dtype)
+    return torch.log_softmax(loaded.model.compute_logits(hidden).float(), dim=-1)
 
 
 def compare_quality(reference: LoadedModel, candidates: Sequence[LoadedModel], prompts: list[str],

@@ -13,7 +13,8 @@ Notation (per step): L layers, H hidden size, nh attention heads, d head_dim, V 
 P = L * params_per_layer (weights of the decoder layers), b bytes per weight element of the linear layers,
 a bytes per activation element (b, except 2 when the linear layers are 8-bit: FP8 checkpoints quantize only
 the linear layers' weights and inputs and keep embeddings, lm_head, norms and activations in 16 bits,
-per NVIDIA's ModelOpt FP8 model cards), b_kv bytes per KV
+per NVIDIA's ModelOpt FP8 model cards), h bytes per LM head weight (a, but 1 on this engine's int8 and int4
+paths, which read the head through an int8 screen: `lm_head_dtype`), b_kv bytes per KV
 element, kv = ArchConfig.kv_bytes_per_token(b_kv) = 2 * L * n_kv_heads * d * b_kv bytes, requests
 i = 1..N with q_i new tokens and c_i context tokens, T = sum q_i tokens, R rows that need logits
 (default N: one per request; a speculative verify needs k + 1), tp = tensor-parallel degree.
@@ -30,8 +31,8 @@ FLOPs (multiply-add = 2 FLOPs)
                       has q * c + q * (q + 1) / 2 pairs.
 
 Bytes moved through memory (read once per step; caches and fusion are ignored)
-    weight_bytes     = P * b + H * a  +  V * H * a  [if R > 0]  +  T * H * a
-                       + weight_packing_passes * (P * b [if T >= 2]  +  V * H * a [if R >= 2])
+    weight_bytes     = P * b + H * a  +  V * H * h  [if R > 0]  +  T * H * a
+                       + weight_packing_passes * (P * b [if T >= 2]  +  V * H * h [if R >= 2])
                        all layer weights and the final norm, the whole lm_head matrix when any row needs
                        logits, and of the embedding table ONLY the T gathered rows (a lookup is not a
                        matmul; reading the whole table would wrongly price a 1 GB read into every step).
@@ -60,7 +61,7 @@ Time (seconds)
                  ranks share its cores: each has 1/tp of the work on t = max(1, cores // tp) threads, and where
                  they do not all fit the cores the OS shares the cores out, s = tp / (cores // t) ranks a core
                  (`tensor_parallel_sharing`), so r = tp * t / (threads * s) for tp > 1, 1 for tp = 1.
-                 The LM head's share of FLOPs and bytes (2 * V * H * R, V * H * a (+ packing), R * V * a) runs at
+                 The LM head's share of FLOPs and bytes (2 * V * H * R, V * H * h (+ packing), R * V * a) runs at
                  r_head = HardwareProfile.lm_head_rate(tp) instead: r on GPUs (vLLM's vocabulary-parallel head),
                  on a CPU max(1, cores // tp) / threads (ref_engine runs the head on rank 0 alone, after the layers)
     overhead_s = s * f * (step_overhead_s + per_seq_overhead_s * N + per_token_overhead_s * T
@@ -107,7 +108,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from core.arch_config import ArchConfig
-from core.config import EngineConfig
+from core.config import QUANTIZATION_METHODS, EngineConfig
 from core.kv_sizing import num_kv_blocks
 from core.metrics import StepRecord
 from sim.hardware import WEIGHT_ONLY_DTYPES, HardwareProfile, dtype_bytes, weight_format
@@ -260,6 +261,16 @@ def activation_dtype(dtype: str, hardware: HardwareProfile) -> str:
     return next((d for d in candidates if d in hardware.peak_flops), weight_format(dtype))
 
 
+def lm_head_dtype(dtype: str, hardware: HardwareProfile) -> str:
+    """The dtype the LM head's weights are read in: the activations' (`activation_dtype`), except on a profile
+    calibrated on this engine's int8 or int4 path (provenance "quantization"), whose head an int8 copy
+    screens (ref_engine/model/lm_head.py): 1 byte a weight. (A GPU engine such as vLLM keeps a quantized
+    model's head in 16 bits, so a datasheet profile does.)"""
+    if hardware.provenance.get("quantization") in QUANTIZATION_METHODS:
+        return "int8"
+    return activation_dtype(dtype, hardware)
+
+
 def compute_dtype(dtype: str, hardware: HardwareProfile) -> str:
     """The dtype whose FLOP/s the linear layers run at under `dtype` weights: `dtype` itself (the format it
     is rated under: "int4-g128" is "int4"), except a weight-only format (`WEIGHT_ONLY_DTYPES`) that `hardware`
@@ -323,7 +334,7 @@ class CostModel:
         self._attn_flops_per_pair = 4 * L * arch.num_attention_heads * arch.head_dim
         # bytes
         self._layer_weight_bytes = layer_params * b + H * a  # decoder layers + final norm
-        self._lm_head_bytes = V * H * a
+        self._lm_head_bytes = V * H * dtype_bytes(lm_head_dtype(dtype, hardware))
         self._packing_passes = hardware.weight_packing_passes
         self._embedding_bytes_per_token = H * a
         self._kv_bytes_per_token = arch.kv_bytes_per_token(dtype_bytes(self.kv_cache_dtype))

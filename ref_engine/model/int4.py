@@ -27,9 +27,9 @@ one row and loses at many (benchmarks/RESULTS.md, "Numerics: float32, int8, int4
 activations the same kernel ran 4-40x slower, so activations are cast to bfloat16 around it. No activation
 is quantized, so a request's numbers do not depend on what it is batched with.
 
-Embeddings and the LM head stay float32 (dequantized): SmolLM2's LM head is its tied Q8_0 token embedding,
-113 MB in float32, now more than all the int4 projections together (about 66 MB); putting it in 8 bits is
-the next lever for a decode step's bytes, not taken yet.
+The embedding stays float32 (dequantized; a lookup reads only its rows). The LM head, SmolLM2's tied Q8_0 token
+embedding, 113 MB in float32 and more than all the int4 projections together (about 66 MB), is read in 8 bits
+through a screen that keeps the greedy choice exact (ref_engine/model/lm_head.py).
 """
 
 from __future__ import annotations

@@ -209,6 +209,9 @@ class LlamaForCausalLM(nn.Module):
         # Like vLLM's ParallelLMHead, the LM head is an embedding-shaped [vocab, hidden] matrix; tied
         # checkpoints simply reuse the input embedding.
         self.lm_head = self.model.embed_tokens if arch.tie_word_embeddings else _empty_embedding(arch, dtype, device)
+        # A quantized engine reads the head through an int8 screen (ref_engine/model/lm_head.py,
+        # set by `quantize_model`); the float model multiplies by the head itself.
+        self.screened_lm_head: nn.Module | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 attn_metadata: AttentionMetadata, num_layers: int | None = None) -> torch.Tensor:
@@ -222,6 +225,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits `[R, vocab]` for the rows the sampler needs (usually each request's last)."""
+        if self.screened_lm_head is not None:
+            return self.screened_lm_head(hidden)
         return F.linear(hidden, self.lm_head.weight).float()
 
     # ---- weights ----

@@ -4,8 +4,9 @@ ref_engine/model/int4.py); this module checks the knob and swaps the projections
 int8, what it does. Every projection of every layer (q|k|v, o, gate|up, down) keeps its weight in int8, one
 scale per output channel (symmetric: scale = max |w| / 127, stored in bfloat16). Activations are not
 quantized: they go into torch's CPU weight-only kernel (`aten._weight_int8pack_mm`) in bfloat16, which
-widens each weight in its tiles and returns bfloat16, cast back to float32. Embeddings, the LM head, norms,
-rotary, attention and the KV cache stay float32.
+widens each weight in its tiles and returns bfloat16, cast back to float32. Embeddings, norms, rotary,
+attention and the KV cache stay float32. The LM head, under int8 and int4 alike, is read in 8 bits through a
+screen that keeps its argmax exact (ref_engine/model/lm_head.py).
 
 Why weight-only (SmolLM2 on the eval set and the course machine's kind, 2 cores, AVX-512;
 benchmarks/RESULTS.md, "Numerics: float32, int8, int4"):
@@ -43,13 +44,14 @@ from ref_engine.model.int4 import (
 )
 from ref_engine.model.linear import TransposedLinear
 from ref_engine.model.llama import STACKED_PARAMS, LlamaForCausalLM
+from ref_engine.model.lm_head import ScreenedLMHead
 
 # The kernel each numeric path runs, as a calibrated profile records it: a profile measured on another kernel
 # prices the wrong thing (the engine's int8 was W8A8 on torch's quantized ops before it became weight-only).
 KERNELS: dict[str | None, str] = {
     None: "float matmul",
-    "int8": "int8 weight-only, aten._weight_int8pack_mm, bfloat16 activations",
-    "int4": "int4 weight-only, aten._weight_int4pack_mm_for_cpu, bfloat16 activations",
+    "int8": "int8 weight-only, aten._weight_int8pack_mm, bfloat16 activations, int8-screened LM head",
+    "int4": "int4 weight-only, aten._weight_int4pack_mm_for_cpu, bfloat16 activations, int8-screened LM head",
 }
 
 class Int8Linear(nn.Module):
@@ -111,8 +113,10 @@ def quantize_model(model: LlamaForCausalLM, quantization: str, group_size: int =
 
     "int8": `Int8Linear`. "int4": `Int4Linear` with groups of `group_size`
     inputs, each shard from `int4_weights` (Hugging Face name -> a checkpoint's own 4-bit codes, a GGUF's
-    Q4_1) where given, else quantized from its float weight. The embedding and the LM head stay float32."""
+    Q4_1) where given, else quantized from its float weight. The embedding stays float32; the LM head is read
+    through an int8 screen that keeps its greedy choice exact (`ScreenedLMHead`)."""
     int4_weights = int4_weights or {}
+    model.screened_lm_head = ScreenedLMHead(model.lm_head.weight)
     for name, child in list(model.named_modules()):
         if not isinstance(child, TransposedLinear):
             continue

@@ -104,6 +104,19 @@ def test_int4_weights_by_hand(tiny, toy_hw):
         (5760 + 704) / 3e8)
 
 
+def test_this_engine_s_quantized_paths_read_the_lm_head_in_8_bits(tiny, toy_hw):
+    """A profile calibrated on the engine's int4 (or int8) path, whose activations are float32: the layers at
+    0.625 bytes a weight, the final norm and the embedded rows in float32, and the LM head at 1 byte a weight
+    (its int8 screen, ref_engine/model/lm_head.py), where a datasheet profile's int4 keeps it in 16 bits."""
+    shape = BatchShape.from_pairs([(1, 3), (1, 6)])
+    engine = replace(toy_hw, peak_flops={"int4": 3e8, "float32": 1e8},
+                     provenance={"device_type": "cpu", "dtype": "float32", "quantization": "int4"})
+    cost = CostModel(tiny, engine, dtype="int4", block_size=4).breakdown(shape)
+    assert cost.weight_bytes == 1184 * 0.625 + 8 * 4 + 32 * 8 * 1 + 2 * 8 * 4 == 1092
+    datasheet = CostModel(tiny, replace(toy_hw, peak_flops={"bfloat16": 2e8}), dtype="int4", block_size=4)
+    assert datasheet.breakdown(shape).weight_bytes == 1300  # the head in bfloat16, as above
+
+
 def test_an_int4_group_size_is_priced_by_its_bytes(tiny, toy_hw):
     """"int4-g128" (the engine's label for `quantization_group_size=128`): 4 bits plus 4 bytes of scale and
     zero per 128 weights, 0.53125 bytes a weight; the same FLOPs, and a profile's int4 rate still applies."""
