@@ -607,8 +607,8 @@ What the numbers say (the run above):
   (20 us), the all-reduce latency of all three chips (40 us). The ceilings left point at TensorRT-LLM's
   tensor-parallel decode rows: its worst rows are the 70B at TP4 and TP8, 128/2048 (+21% to +50%, simulated
   throughput too high), which the fit slows with the most per-step and per-all-reduce time it is allowed. Something
-  of a large tensor-parallel decode step is missing from the model (an 8-rank all-reduce's real cost, the host's
-  time at batches of 1000), and it is not the bandwidth.
+  of a large tensor-parallel decode step is missing from the model (untested guesses: an 8-rank all-reduce's real
+  cost, the host's time at batches of 1000), and it is not the bandwidth.
 - NIM 1.8.0: 3 of 4 within 15% (ITL rows +17% and +14%, from +23% and +20% under "max" and +30% and +27% built
   in), TTFT rows within 1%.
 - TensorRT-LLM's own rows: 78 of 90 within 15%, 89 within 30%, worst +50% (70B FP16 TP8 128/2048): the built-in
