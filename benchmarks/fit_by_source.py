@@ -604,11 +604,12 @@ What the numbers say (the run above):
   0.133 to 0.109 with the same 21 terms, bounds and rows.
 - On their bounds in the candidate: the attention fraction of Hopper and Ampere (0.9), the H200's HBM fraction
   (0.9), the engine's per-step overhead (3 ms, its ceiling; 1.69 ms under "max"), Ada's per-request overhead
-  (20 us), the all-reduce latency of all three chips (40 us). The ceilings left point at TensorRT-LLM's
-  tensor-parallel decode rows: its worst rows are the 70B at TP4 and TP8, 128/2048 (+21% to +50%, simulated
-  throughput too high), which the fit slows with the most per-step and per-all-reduce time it is allowed. Something
-  of a large tensor-parallel decode step is missing from the model (untested guesses: an 8-rank all-reduce's real
-  cost, the host's time at batches of 1000), and it is not the bandwidth.
+  (20 us), the all-reduce latency of all three chips (40 us). The step overhead is not the all-reduce's stand-in:
+  fitted on the 30 TP1 rows alone (a probe, not in the script) it stays on its 3 ms ceiling (rms 0.066, the H100's
+  HBM fraction then on its own 0.9 ceiling). TensorRT-LLM's large batches take longer per step than their FLOPs and
+  bytes say, and the fit puts that into the one term that adds time to every step. The worst rows are decode-heavy
+  70B rows at TP4 and TP8 (128/2048, up to +50%: simulated throughput too high), with the all-reduce latency on its
+  ceiling: a large tensor-parallel decode step misses something as well.
 - NIM 1.8.0: 3 of 4 within 15% (ITL rows +17% and +14%, from +23% and +20% under "max" and +30% and +27% built
   in), TTFT rows within 1%.
 - TensorRT-LLM's own rows: 78 of 90 within 15%, 89 within 30%, worst +50% (70B FP16 TP8 128/2048): the built-in
