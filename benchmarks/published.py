@@ -55,7 +55,7 @@ from core.config import EngineConfig
 from core.workload import Workload
 from sim.cost_model import BatchShape, CostModel, model_weight_bytes
 from sim.executor import CostModelTimer
-from sim.hardware import FIT_PATH, HardwareProfile, dtype_bytes
+from sim.hardware import FIT_PATH, FITTED_FIELDS, HardwareProfile, dtype_bytes
 from sim.simulator import Simulator
 
 HERE = Path(__file__).parent
@@ -191,19 +191,22 @@ class StepFeatures:
     tokens: np.ndarray
     seqs: np.ndarray
     blocks: np.ndarray
+    kv_bytes: np.ndarray  # attention's share of `bytes` (the KV cache read and written): combine="kernels" splits it
 
 
 def features(shapes: list[BatchShape], model: CostModel) -> StepFeatures:
     costs = [model.breakdown(shape) for shape in shapes]
-    return StepFeatures(*(np.array([getattr(c, name) for c in costs], dtype=float) for name in (
-        "linear_flops", "attention_flops", "bytes", "num_tokens", "num_seqs", "num_blocks")))
+    columns = [np.array([getattr(c, name) for c in costs], dtype=float) for name in (
+        "linear_flops", "attention_flops", "bytes", "num_tokens", "num_seqs", "num_blocks")]
+    return StepFeatures(*columns, np.array([c.kv_read_bytes + c.kv_write_bytes for c in costs], dtype=float))
 
 
 def step_seconds(f: StepFeatures, model: CostModel, hw: HardwareProfile) -> np.ndarray:
-    """The cost model's step time for every recorded step, for profile `hw` (combine="max")."""
+    """The cost model's step time for every recorded step, for profile `hw`, combined the profile's way
+    (`hw.combine`: one max over the step, the sum, or the linear layers and attention each on its own max)."""
     tp = model.tensor_parallel_size
-    compute = (f.linear_flops / (hw.matmul_flops(model.dtype) * tp)
-               + f.attention_flops / (hw.flops_for(model.activation_dtype) * hw.attention_efficiency * tp))
+    linear = f.linear_flops / (hw.matmul_flops(model.dtype) * tp)
+    attention = f.attention_flops / (hw.flops_for(model.activation_dtype) * hw.attention_efficiency * tp)
     memory = f.bytes / (hw.effective_bandwidth * tp)
     overhead = (hw.step_overhead_s + hw.per_seq_overhead_s * f.seqs + hw.per_token_overhead_s * f.tokens
                 + hw.per_block_overhead_s * f.blocks)
@@ -212,7 +215,14 @@ def step_seconds(f: StepFeatures, model: CostModel, hw: HardwareProfile) -> np.n
         arch, a = model.arch, dtype_bytes(model.activation_dtype)
         comm = 2 * arch.num_layers * (hw.interconnect_latency_s + 2 * (tp - 1) / tp * f.tokens * arch.hidden_size
                                       * a / hw.allreduce_bandwidth)
-    return np.maximum(compute, memory) + overhead + comm
+    if hw.combine == "kernels":
+        kv = f.kv_bytes / (hw.effective_bandwidth * tp)
+        core = np.maximum(linear, memory - kv) + np.maximum(attention, kv)
+    elif hw.combine == "sum":
+        core = linear + attention + memory
+    else:
+        core = np.maximum(linear + attention, memory)
+    return core + overhead + comm
 
 
 @dataclass
@@ -441,10 +451,7 @@ def _fitted_profile(gpu: str) -> HardwareProfile:
     fit = fits.get(hw.name)
     if fit is None:
         return hw
-    terms = {k: v for k, v in fit.items() if k in {"matmul_efficiency", "attention_efficiency", "bandwidth_efficiency",
-                                                   "step_overhead_s", "per_seq_overhead_s", "interconnect_latency_s",
-                                                   "interconnect_efficiency"}}
-    return replace(hw, **terms)
+    return replace(hw, **{k: v for k, v in fit.items() if k in FITTED_FIELDS})
 
 
 if __name__ == "__main__":

@@ -91,6 +91,21 @@ both and overlap is poor, and a sum is linear in the unknowns 1/FLOPs, 1/bandwid
 a calibrator can fit it by least squares (see `CostModel.roofline_features`; calibrated profiles keep every
 efficiency at 1.0).
 
+`combine="kernels"` puts each group of kernels on a roofline of its own, and runs the groups in turn, as a
+GPU does: a step's matmuls cannot hide its attention's memory traffic, nor the other way round, because the
+two are different kernels, launched one after the other. compute_s and memory_s split by group,
+    linear_compute_s    = the linear_flops term of compute_s (the LM head's included)
+    attention_compute_s = the attention_flops term of compute_s
+    attention_memory_s  = (kv_read + kv_write bytes) / (memory_bandwidth * bandwidth_efficiency * r)
+    linear_memory_s     = memory_s - attention_memory_s    (weights, packing passes, activations, logits)
+    combine    = max(linear_compute_s, linear_memory_s) + max(attention_compute_s, attention_memory_s)
+compute_s and memory_s are still the step's totals (their sum is the "sum" form's core, their max the "max"
+form's, and the kernels' core lies between the two). `bound` is the limit that most of the kernel time ran
+under: "compute" when the compute-bound groups' time is at least the memory-bound groups' (a large batch's
+matmuls against its decode attention, say). On a CPU whose tp ranks take turns, each group's layer part is
+stretched by f and the LM head's part is added at its own rate before the group's max, as for the whole step.
+Every other term (overheads, comm_s, the turns, the LM head's rate) is the same in the three forms.
+
 Pipeline parallelism is sim/pipeline.py, on top of this model.
 
 Tensor parallelism divides FLOPs and bytes evenly among the tp ranks (weights, heads and KV are sharded), which
@@ -111,9 +126,9 @@ from core.arch_config import ArchConfig
 from core.config import QUANTIZATION_METHODS, EngineConfig
 from core.kv_sizing import num_kv_blocks
 from core.metrics import StepRecord
-from sim.hardware import WEIGHT_ONLY_DTYPES, HardwareProfile, dtype_bytes, weight_format
+from sim.hardware import COMBINE_MODES, WEIGHT_ONLY_DTYPES, HardwareProfile, dtype_bytes, weight_format
 
-Combine = Literal["max", "sum"]
+Combine = Literal["max", "sum", "kernels"]  # sim.hardware.COMBINE_MODES
 
 
 # ---- the batch -------------------------------------------------------------------------------------
@@ -205,7 +220,12 @@ class BatchShape:
 
 @dataclass(frozen=True)
 class StepCost:
-    """Every term of one step's time. FLOPs and bytes are totals over all tp devices; times are wall time."""
+    """Every term of one step's time. FLOPs and bytes are totals over all tp devices; times are wall time.
+
+    compute_s and memory_s are the step's totals in every `combine` form (all FLOPs at their rates, all bytes at
+    the bandwidth); total_s - comm_s - overhead_s is how the form combined them. `bound` is the larger of the two
+    under "max" and "sum", and under "kernels" the limit most of the kernel time ran under (module docstring).
+    """
 
     num_seqs: int
     num_tokens: int
@@ -312,8 +332,8 @@ class CostModel:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         combine = combine or hardware.combine  # type: ignore[assignment]
-        if combine not in ("max", "sum"):
-            raise ValueError(f"combine must be 'max' or 'sum', got {combine!r}")
+        if combine not in COMBINE_MODES:
+            raise ValueError(f"combine must be one of {', '.join(map(repr, COMBINE_MODES))}, got {combine!r}")
         self.arch = arch
         self.hardware = hardware
         self.dtype = dtype
@@ -321,6 +341,7 @@ class CostModel:
         self.tensor_parallel_size = tensor_parallel_size
         self.block_size = block_size
         self.combine = combine
+        self._by_kernel = combine == "kernels"  # read per step: one attribute, not a string comparison
 
         b = dtype_bytes(dtype)
         self.activation_dtype = activation_dtype(dtype, hardware)
@@ -390,7 +411,20 @@ class CostModel:
         return linear, attention, weights, kv_read, kv_write, activations, packed
 
     def _combine(self, compute_s: float, memory_s: float) -> float:
+        """The "max" or "sum" form's core of a step (the "kernels" form is `_by_kernels`)."""
         return max(compute_s, memory_s) if self.combine == "max" else compute_s + memory_s
+
+    @staticmethod
+    def _by_kernels(linear_compute_s: float, linear_memory_s: float, attention_compute_s: float,
+                    attention_memory_s: float) -> tuple[float, Literal["compute", "memory"]]:
+        """The "kernels" form's core of a step, and its bound: each group on its own roofline, in turn; the bound
+        is the one under which most of that time ran."""
+        linear_s = max(linear_compute_s, linear_memory_s)
+        attention_s = max(attention_compute_s, attention_memory_s)
+        compute_bound_s = ((linear_s if linear_compute_s >= linear_memory_s else 0.0)
+                           + (attention_s if attention_compute_s >= attention_memory_s else 0.0))
+        bound: Literal["compute", "memory"] = "compute" if 2 * compute_bound_s >= linear_s + attention_s else "memory"
+        return linear_s + attention_s, bound
 
     def _lm_head_own(self, shape: BatchShape) -> tuple[float, float, float]:
         """(FLOPs, bytes, packed bytes) of the LM head in a step's totals: its matmul, its weights and logits."""
@@ -450,6 +484,10 @@ class CostModel:
         pp = self._packing_passes
         comm_s = self._comm_s(tokens)
         overhead_s = self._overhead_s(shape.num_seqs, tokens, blocks)
+        if self._by_kernel:  # its own method, so that the "max" and "sum" forms pay one test per step and no more
+            return self._breakdown_by_kernel(shape, tokens, blocks, (linear, attention, weights, kv_read, kv_write,
+                                                                     activations), (head_flops, head_bytes, head_packed),
+                                             comm_s, overhead_s)
         if self._sharing == 1.0:  # every rank on cores (or a device) of its own: no turns
             turns = 1.0
             compute_s = (linear + head_flops) * self._seconds_per_flop + attention * self._seconds_per_attention_flop
@@ -474,6 +512,43 @@ class CostModel:
             kv_write_bytes=kv_write, activation_bytes=activations, compute_s=compute_s, memory_s=memory_s,
             comm_s=comm_s, overhead_s=overhead_s, total_s=core + comm_s + overhead_s,
             bound="compute" if compute_s >= memory_s else "memory", tp_turns=turns,
+        )
+
+    def _breakdown_by_kernel(self, shape: BatchShape, tokens: int, blocks: int,
+                             step: tuple[float, float, float, float, float, float],
+                             head_extra: tuple[float, float, float], comm_s: float, overhead_s: float) -> StepCost:
+        """`breakdown` under combine="kernels": the same FLOPs, bytes, rates and turns, with the linear layers (the
+        LM head among them) and attention each on a roofline of their own, in turn (module docstring).
+        `step`: (linear, attention FLOPs, weight, KV read, KV write, activation bytes), weights with their packing
+        passes; `head_extra`: `_lm_head_extra`'s."""
+        linear, attention, weights, kv_read, kv_write, activations = step
+        head_flops, head_bytes, head_packed = head_extra
+        pp, per_byte, per_flop = self._packing_passes, self._seconds_per_byte, self._seconds_per_flop
+        attention_compute_s = attention * self._seconds_per_attention_flop
+        attention_memory_s = (kv_read + kv_write) * per_byte
+        if self._sharing == 1.0:  # no turns
+            turns = 1.0
+            linear_compute_s = (linear + head_flops) * per_flop
+            linear_memory_s = (weights + activations + head_bytes + pp * head_packed) * per_byte
+        else:  # the layers' share stretched by the turns, the LM head's (rank 0 alone, its own rate) added after
+            own_flops, own_bytes, own_packed = self._lm_head_own(shape)
+            layers_compute_s = (linear - own_flops) * per_flop
+            layers_memory_s = (weights + activations - own_bytes - pp * own_packed) * per_byte
+            layers_s = self._by_kernels(layers_compute_s, layers_memory_s, attention_compute_s, attention_memory_s)[0]
+            turns = self.turn_factor(layers_s, overhead_s)
+            linear_compute_s = layers_compute_s * turns + (own_flops + head_flops) * per_flop
+            linear_memory_s = layers_memory_s * turns + (own_bytes + pp * own_packed + head_bytes + pp * head_packed
+                                                         ) * per_byte
+            attention_compute_s *= turns
+            attention_memory_s *= turns
+            overhead_s *= self._sharing * turns
+        core, bound = self._by_kernels(linear_compute_s, linear_memory_s, attention_compute_s, attention_memory_s)
+        return StepCost(
+            num_seqs=shape.num_seqs, num_tokens=tokens, num_blocks=blocks,
+            linear_flops=linear, attention_flops=attention, weight_bytes=weights, kv_read_bytes=kv_read,
+            kv_write_bytes=kv_write, activation_bytes=activations, compute_s=linear_compute_s + attention_compute_s,
+            memory_s=linear_memory_s + attention_memory_s, comm_s=comm_s, overhead_s=overhead_s,
+            total_s=core + comm_s + overhead_s, bound=bound, tp_turns=turns,
         )
 
     def block_copy_time(self, num_swapped: int, num_copied: int) -> float:

@@ -93,6 +93,11 @@ WEIGHT_ONLY_DTYPES = ("int4",)
 TERA = 1e12
 GIGA = 1e9
 
+# How a step's compute and memory times combine (`HardwareProfile.combine`; the formulas are sim/cost_model.py's):
+# "max" over the whole step, "sum" of the two, or "kernels": the linear layers and attention each on a roofline
+# of their own, one after the other.
+COMBINE_MODES = ("max", "sum", "kernels")
+
 
 def dtype_bytes(dtype: str) -> float:
     """Bytes per element of `dtype` ("float32", "bfloat16", "int4-g128", ...); ValueError for an unknown name."""
@@ -151,8 +156,10 @@ class HardwareProfile:
     bandwidth_efficiency: float = 1.0
     # A tensor-parallel all-reduce (NCCL or a custom kernel) reaches this fraction of interconnect_bandwidth.
     interconnect_efficiency: float = 1.0
-    # How compute and memory time combine in a step: "max" where the device overlaps them (GPUs, the
-    # roofline), "sum" where it does not (a CPU's cores do both; calibrated CPU profiles are fitted so).
+    # How compute and memory time combine in a step (`COMBINE_MODES`, sim/cost_model.py prices each): "max"
+    # where the device overlaps them over the whole step (GPUs, the roofline), "sum" where it does not (a
+    # CPU's cores do both; calibrated CPU profiles are fitted so), "kernels" where each group of kernels, the
+    # linear layers and attention, is on its own roofline and the groups run in turn.
     combine: str = "max"
     source: str = "datasheet"  # "datasheet" | "calibrated" | "datasheet-like estimate" | "derated datasheet"
     notes: str = ""
@@ -178,8 +185,9 @@ class HardwareProfile:
             if not 0 < fraction <= 1:
                 raise ValueError(f"profile {self.name!r}: matmul_efficiency[{dtype!r}] must be in (0, 1], got "
                                  f"{fraction}")
-        if self.combine not in ("max", "sum"):
-            raise ValueError(f"profile {self.name!r}: combine must be 'max' or 'sum', got {self.combine!r}")
+        if self.combine not in COMBINE_MODES:
+            raise ValueError(f"profile {self.name!r}: combine must be one of {', '.join(map(repr, COMBINE_MODES))}, "
+                             f"got {self.combine!r}")
         for knob in ("step_overhead_s", "per_seq_overhead_s", "per_token_overhead_s",
                      "per_block_overhead_s", "interconnect_bandwidth", "interconnect_latency_s",
                      "network_bandwidth", "network_latency_s", "memory_bytes", "weight_packing_passes",
@@ -446,15 +454,19 @@ MIB = 2**20
 RETIRED_FIELDS = frozenset({"small_batch_token_overheads_s"})  # saved by calibrations before weight_packing_passes
 FIT_PATH = Path(__file__).parent / "data" / "gpu_fit.json"
 
-# Fitted terms a GPU profile takes from FIT_PATH (everything else is its datasheet).
+# Fitted terms a GPU profile takes from FIT_PATH (everything else is its datasheet). `combine` is the form the
+# terms were fitted under (an entry without one was fitted under the profile's own, "max"): the fractions are
+# only right priced the way they were fitted.
 FITTED_FIELDS = ("matmul_efficiency", "attention_efficiency", "bandwidth_efficiency", "step_overhead_s",
-                 "per_seq_overhead_s", "interconnect_latency_s", "interconnect_efficiency")
+                 "per_seq_overhead_s", "interconnect_latency_s", "interconnect_efficiency", "combine")
 
 
-def _with_fit(datasheet: HardwareProfile) -> HardwareProfile:
+def with_fit(datasheet: HardwareProfile, fits: dict[str, Any] | None = None) -> HardwareProfile:
     """`datasheet` with the terms `benchmarks/published.py --fit` fitted for it (none fitted: unchanged,
-    every efficiency 1.0, so the datasheet is an optimistic bound)."""
-    fits = json.loads(FIT_PATH.read_text()) if FIT_PATH.is_file() else {}
+    every efficiency 1.0, so the datasheet is an optimistic bound). `fits`: another file of FIT_PATH's form
+    (benchmarks/fit_by_source.py's candidate), read instead of FIT_PATH."""
+    if fits is None:
+        fits = json.loads(FIT_PATH.read_text()) if FIT_PATH.is_file() else {}
     fit = fits.get(datasheet.name)
     if fit is None:
         return datasheet
@@ -469,7 +481,7 @@ PCIE4_X16, PCIE5_X16 = 25 * GIGA, 50 * GIGA
 _GPU_OVERHEADS = dict(step_overhead_s=1.0e-3, per_seq_overhead_s=10e-6, per_token_overhead_s=0.0,
                       per_block_overhead_s=0.1e-6, interconnect_latency_s=10e-6, network_latency_s=10e-6)
 
-A100_80GB_SXM = _with_fit(HardwareProfile(
+A100_80GB_SXM = with_fit(HardwareProfile(
     name="A100-80GB-SXM",
     peak_flops={"float32": 19.5 * TERA, "bfloat16": 312 * TERA, "float16": 312 * TERA},
     memory_bandwidth=2039 * GIGA,
@@ -496,10 +508,10 @@ _H100_DATASHEET = HardwareProfile(
     provenance={"reference": "NVIDIA H100 Tensor Core GPU datasheet (SXM5 80GB)"},
     **_GPU_OVERHEADS,
 )
-H100_SXM = _with_fit(_H100_DATASHEET)
+H100_SXM = with_fit(_H100_DATASHEET)
 
 # The H200 is an H100 with more and faster memory (HBM3e): same compute, same NVLink.
-H200 = _with_fit(replace(
+H200 = with_fit(replace(
     _H100_DATASHEET,
     name="H200",
     memory_bandwidth=4800 * GIGA,
@@ -508,7 +520,7 @@ H200 = _with_fit(replace(
 ))
 
 # Ada, PCIe only: tensor parallelism all-reduces over PCIe Gen4 x16 (64 GB/s bidirectional).
-L40S = _with_fit(HardwareProfile(
+L40S = with_fit(HardwareProfile(
     name="L40S",
     peak_flops={"float32": 91.6 * TERA, "bfloat16": 362 * TERA, "float16": 362 * TERA, "fp8": 733 * TERA},
     memory_bandwidth=864 * GIGA,
@@ -524,7 +536,7 @@ L40S = _with_fit(HardwareProfile(
 
 # Blackwell: no bf16/fp8 Llama-3.1 rows were found to fit it on; it borrows the H100's fitted fractions
 # (see benchmarks/published.py), so its numbers are the least trustworthy of the built-ins.
-B200 = _with_fit(HardwareProfile(
+B200 = with_fit(HardwareProfile(
     name="B200",
     peak_flops={"float32": 75 * TERA, "bfloat16": 2250 * TERA, "float16": 2250 * TERA, "fp8": 4500 * TERA},
     memory_bandwidth=8000 * GIGA,

@@ -202,6 +202,76 @@ def test_sum_combine_and_roofline_features(tiny, toy_hw):
     assert sum(f * u for f, u in zip(features, unknowns, strict=True)) == pytest.approx(model.step_time(shape))
 
 
+def test_kernels_combine_by_hand(tiny, toy_hw):
+    """combine="kernels": the linear layers and attention each on a roofline of their own, one after the other.
+    Eight requests decoding one token after 7 cached ones, on a profile whose ridge is 3.2 FLOP/byte: the matmuls
+    (23040 FLOPs over 6864 bytes, 3.4 FLOP/byte) are compute-bound, the attention (4096 FLOPs over 2304 KV bytes,
+    1.8 FLOP/byte) memory-bound; one max over the whole step (27136 FLOPs over 9168 bytes) calls it memory-bound
+    and hides the attention's reads behind the matmuls' arithmetic."""
+    hw = replace(toy_hw, peak_flops={"bfloat16": 3.2e8})
+    shape = BatchShape.decode(8, 7)
+    cost = CostModel(tiny, hw, block_size=4, combine="kernels").breakdown(shape)
+    # 8 tokens through the layers (2 * 1184 each) and 8 logit rows through the lm_head (2 * 32 * 8 each)
+    assert cost.linear_flops == 2 * 1184 * 8 + 2 * 256 * 8 == 23040
+    assert cost.attention_flops == 64 * 8 * (7 + 1) == 4096
+    # layer weights and norm 2384, lm_head 512, 8 embedding rows of 16; activations 8 x 416, logits 8 x 64
+    assert cost.weight_bytes + cost.activation_bytes == 2384 + 512 + 8 * 16 + 8 * 416 + 8 * 64 == 6864
+    assert cost.kv_read_bytes + cost.kv_write_bytes == 32 * 8 * 8 + 32 * 8 == 2304
+    linear_s = max(23040 / 3.2e8, 6864 / 1e8)  # 7.2e-5 s: compute-bound
+    attention_s = max(4096 / 3.2e8, 2304 / 1e8)  # 2.304e-5 s: memory-bound
+    assert (linear_s, attention_s) == (pytest.approx(7.2e-5), pytest.approx(2.304e-5))
+    # compute_s and memory_s stay the step's totals; the bound is the one most of the kernel time ran under
+    assert cost.compute_s == pytest.approx(27136 / 3.2e8) and cost.memory_s == pytest.approx(9168 / 1e8)
+    assert cost.bound == "compute"
+    overhead_s = 1e-3 + 8 * 1e-4 + 8 * 1e-5 + 16 * 1e-6  # two blocks of 4 per request
+    assert cost.overhead_s == pytest.approx(overhead_s) and cost.comm_s == 0
+    assert cost.total_s == pytest.approx(9.504e-5 + overhead_s)
+    # between the two other forms: the whole step's max (memory, 9.168e-5 s) and the sum (1.7648e-4 s)
+    as_max = CostModel(tiny, hw, block_size=4).breakdown(shape)
+    assert (as_max.bound, as_max.total_s) == ("memory", pytest.approx(9.168e-5 + overhead_s))
+    assert CostModel(tiny, hw, block_size=4, combine="sum").step_time(shape) == pytest.approx(1.7648e-4 + overhead_s)
+    # the profile's form is the model's default
+    assert CostModel(tiny, replace(hw, combine="kernels"), block_size=4).step_time(shape) == cost.total_s
+
+
+def test_kernels_combine_is_max_where_both_groups_have_one_bound(tiny, toy_hw):
+    """A decode at toy_hw's ridge of 2 is memory-bound in both groups, a whole prefill compute-bound in both: there
+    the groups' maxes add up to the step's, on a GPU and on a CPU whose three ranks take turns on two cores."""
+    cpu = replace(toy_hw, cores=2, threads=2, measured_allreduce={3: [1e-4, 1e6]})
+    for hw, tp in ((toy_hw, 1), (toy_hw, 2), (cpu, 3)):
+        for shape in (BatchShape.from_pairs([(1, 3), (1, 6)]), BatchShape.prefill(8)):
+            kernels = CostModel(tiny, hw, block_size=4, tensor_parallel_size=tp, combine="kernels").breakdown(shape)
+            whole = CostModel(tiny, hw, block_size=4, tensor_parallel_size=tp).breakdown(shape)
+            assert kernels.total_s == pytest.approx(whole.total_s, rel=1e-12), (tp, shape)
+            assert (kernels.bound, kernels.tp_turns) == (whole.bound, whole.tp_turns)
+
+
+def test_kernels_combine_on_a_cpus_tensor_parallel_step_by_hand(tiny, toy_hw):
+    """The mixed decode of `test_kernels_combine_by_hand` on three ranks sharing 2 cores (2 turns where fair
+    sharing takes 1.5: the layers at 0.75 of the rates measured), the LM head on rank 0 alone at 0.5: the head is
+    one of the linear layers, so its time joins theirs before the group's max."""
+    cpu = replace(toy_hw, peak_flops={"bfloat16": 3.2e8}, cores=2, threads=2, measured_allreduce={3: [1e-4, 1e6]})
+    cost = CostModel(tiny, cpu, block_size=4, tensor_parallel_size=3, combine="kernels").breakdown(BatchShape.decode(8, 7))
+    assert cost.tp_turns == pytest.approx(2 / 1.5)
+    # the head: 2 * 32 * 8 FLOPs a row, 8 rows; its 512 weight bytes and 8 rows of 64 logit bytes
+    linear_compute_s = (23040 - 4096) / (3.2e8 * 0.75) + 4096 / (3.2e8 * 0.5)  # 1.0453e-4 s
+    linear_memory_s = (6864 - 1024) / (1e8 * 0.75) + 1024 / (1e8 * 0.5)  # 9.835e-5 s
+    attention_compute_s, attention_memory_s = 4096 / (3.2e8 * 0.75), 2304 / (1e8 * 0.75)
+    assert cost.compute_s == pytest.approx(linear_compute_s + attention_compute_s)
+    assert cost.memory_s == pytest.approx(linear_memory_s + attention_memory_s)
+    assert cost.total_s - cost.comm_s - cost.overhead_s == pytest.approx(linear_compute_s + attention_memory_s)
+    assert cost.bound == "compute"
+
+
+def test_a_bad_combine_is_named(tiny, toy_hw):
+    with pytest.raises(ValueError, match="combine must be one of 'max', 'sum', 'kernels', got 'overlap'"):
+        replace(toy_hw, combine="overlap")
+    with pytest.raises(ValueError, match="combine must be one of 'max', 'sum', 'kernels', got 'min'"):
+        CostModel(tiny, toy_hw, combine="min")  # type: ignore[arg-type]
+    kernels = replace(toy_hw, combine="kernels")
+    assert HardwareProfile.from_dict(kernels.to_dict()).combine == "kernels"
+
+
 def test_weight_packing_prices_a_step_of_two_or_more_rows(tiny, toy_hw):
     # 1.5 extra passes at 1e8 B/s over the layers' (1184 + 8) * 2 = 2384 weight bytes once a step has two or
     # more tokens, and over the lm_head's 32 * 8 * 2 = 512 once two or more rows need logits

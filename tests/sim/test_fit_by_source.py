@@ -1,7 +1,7 @@
 """The by-source GPU fit (benchmarks/fit_by_source.py): the split is by source, held-out rows never reach the fit,
-the candidate it wrote keeps every term inside its stated range, and on a hand-built case the fit recovers the
-terms that made the rows. The full fit and its table are benchmarks/RESULTS.md's ("gpu-fit-by-source"); nothing
-here refits the real rows."""
+the candidate it wrote keeps every term inside its stated range and prices steps the way it was fitted (combine
+"kernels"), and on a hand-built case the fit recovers the terms that made the rows. The full fit and its table are
+benchmarks/RESULTS.md's ("gpu-fit-by-source"); nothing here refits the real rows."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks import vllm_published
 from benchmarks.fit_by_source import (
+    COMBINE,
     ENGINE,
     FIT_SOURCE,
     OUT_PATH,
@@ -27,7 +28,7 @@ from benchmarks.fit_by_source import (
 from benchmarks.published import Prepared, Row, Run, Simulated, StepFeatures, load_rows, slow
 from core.arch_config import ArchConfig
 from sim.cost_model import CostModel
-from sim.hardware import HardwareProfile
+from sim.hardware import HardwareProfile, with_fit
 
 CANDIDATE = json.loads(OUT_PATH.read_text())
 PUBLISHED = load_rows()
@@ -77,6 +78,18 @@ def test_the_h100_and_h200_differ_only_in_their_bandwidth_fraction():
     assert len({CANDIDATE[g]["step_overhead_s"] for g in ("A100-80GB-SXM", "H100-SXM", "H200", "L40S", "B200")}) == 1
 
 
+def test_the_candidate_prices_steps_the_way_it_was_fitted():
+    """Every GPU entry records its combine form, and a built-in profile loaded with the candidate's terms the way
+    sim/data/gpu_fit.json's are loaded (`with_fit`) takes it, so it prices a step as the fit did."""
+    for name in ("A100-80GB-SXM", "H100-SXM", "H200", "L40S", "B200"):
+        assert CANDIDATE[name]["combine"] == COMBINE == "kernels", name
+        loaded = with_fit(HardwareProfile.named(name), CANDIDATE)
+        assert loaded.combine == COMBINE and loaded.bandwidth_efficiency == CANDIDATE[name]["bandwidth_efficiency"]
+        assert CostModel(ArchConfig.named("llama-3.1-8b"), loaded).combine == COMBINE
+    # the built-in profiles stay on one max over the whole step
+    assert HardwareProfile.named("h100-sxm").combine == "max"
+
+
 def test_the_results_section_is_there():
     text = RESULTS_PATH.read_text()
     assert '<a id="gpu-fit-by-source"></a>' in text and "<!-- gpu-fit-by-source:start -->" in text
@@ -96,14 +109,18 @@ def fake_row(i: int, nbytes: float, seqs: int, efficiency: float) -> Prepared:
              "tensor_parallel_size": 1, "mode": "offline", "input_len": 128, "output_len": 128}
     row = Row(f"hand/{i}", f"{FIT_SOURCE}, a hand-built row", "test", "output_throughput_tok_s", 1 / seconds, True, setup)
     zeros = np.zeros(1)
-    feats = StepFeatures(zeros, zeros, np.array([nbytes]), np.array([float(seqs)]), np.array([float(seqs)]), zeros)
+    feats = StepFeatures(zeros, zeros, np.array([nbytes]), np.array([float(seqs)]), np.array([float(seqs)]), zeros,
+                         zeros)
     model = CostModel(ArchConfig.named("llama-3.1-8b"), H100, "float16")
     return Prepared(Simulated(row, [Run([], 1)], row.value), model, [feats])
 
 
-def test_the_fit_recovers_the_terms_a_hand_built_case_was_made_from():
+@pytest.mark.parametrize("combine", ["kernels", "max"])
+def test_the_fit_recovers_the_terms_a_hand_built_case_was_made_from(combine):
+    # steps that only read weights: the two forms price them alike
     rows = [fake_row(0, 16e9, 1, 0.8), fake_row(1, 4e9, 1, 0.8), fake_row(2, 16e9, 201, 0.8)]
-    result = fit(rows)
+    result = fit(rows, combine)
+    assert result.combine == combine
     for name, value in TRUE.items():
         assert result.values[(name, holder(TERM[name], "H100-SXM"))] == pytest.approx(value, rel=1e-4), name
     assert ("step_overhead_s", ENGINE) in result.values and result.rms < 1e-6

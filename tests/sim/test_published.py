@@ -3,6 +3,8 @@ table in benchmarks/RESULTS.md). In-fit rows must stay within 15%; held-out rows
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from benchmarks.published import (
@@ -54,3 +56,9 @@ def test_replayed_batches_price_like_the_simulator():
     hw = HardwareProfile.named(row.gpu)
     simulated = simulate(row, hw)
     assert predict(prepare(simulated, hw), hw, 0.0) == pytest.approx(simulated.value, rel=1e-9)
+    # and on a profile that prices the step kernel by kernel (benchmarks/fit_by_source.py's candidate): the batches
+    # recorded on the built-in profile, re-priced, give what the simulator gives on that profile
+    kernels = replace(hw, combine="kernels")
+    by_kernel = simulate(row, kernels).value
+    assert predict(prepare(simulated, hw), kernels, 0.0) == pytest.approx(by_kernel, rel=1e-9)
+    assert by_kernel < simulated.value  # 2048/128 at TP2: compute-bound matmuls no longer hide attention's reads
