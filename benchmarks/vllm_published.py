@@ -2,9 +2,9 @@
 of the one constant of vLLM's engine profile.
 
     python -m benchmarks.vllm_published        simulate every row of vllm_published_rows.json with the
-                                               built-in GPU profiles, alone and (vLLM V1 rows) with vLLM's
-                                               engine profile, print published vs simulated, and write the
-                                               table into RESULTS.md ("vllm-published")
+                                               built-in GPU profiles, alone and with its vLLM engine profile
+                                               (V1 rows "vllm", V0 rows "vllm-v0"), print published vs
+                                               simulated, and write the table into RESULTS.md ("vllm-published")
     --fit-engine                               print the engine profile's step overhead fitted on the rows
                                                marked `engine_fit` (sim/engine_profile.py holds the value)
     --only SUBSTRING                           only rows whose id contains SUBSTRING (repeatable; no write)
@@ -36,7 +36,11 @@ How a published setup becomes a simulation
   between attention backends (FlashAttention-3 on the H100, FlashInfer on the B200); RESULTS.md says where that
   shows. The "+ engine" column prices vLLM V1 rows with `Simulator(engine="vllm")`: a constant CPU time per
   step, the mean of published minus hardware-only inter-token latency on the two `engine_fit` rows, where a
-  step is a batch-1 decode of a short context and nothing else moves. The other rows are held out from it.
+  step is a batch-1 decode of a short context and nothing else moves. The other rows are held out from it. V0 rows
+  (0.5.x, main of 2024-10) get vLLM V0's engine profile the same way, its constant derived by
+  benchmarks/fit_by_source.py on the by-source candidate from five batch-1 H100 rows of another source (Argonne's
+  LLM-Inference-Bench, marked `engine_fit` with `engine_profile: vllm-v0`), held out of every count. Here each
+  profile adds to the built-in profile's own per-step overhead (the H200's fitted 3.9 ms among them).
 
 A benchmark, not a test: it asserts nothing. tests/sim/test_vllm_published.py checks the rows' format and that
 one row still simulates to the number in RESULTS.md.
@@ -77,16 +81,30 @@ def load(path: Path = ROWS_PATH) -> list[Row]:
     return load_rows(path)
 
 
-def engine_fit_ids(path: Path = ROWS_PATH) -> set[str]:
-    """Rows the engine profile's one constant is fitted on (held out from everything else)."""
-    return {r["id"] for r in json.loads(path.read_text())["rows"] if r.get("engine_fit")}
+def engine_fit_ids(path: Path = ROWS_PATH, profile: str | None = "vllm") -> set[str]:
+    """Rows an engine profile's one constant is fitted on (held out from everything else): those of `profile`
+    ("vllm": V1, "vllm-v0": V0), or of every profile (None)."""
+    return {r["id"] for r in json.loads(path.read_text())["rows"]
+            if r.get("engine_fit") and (profile is None or r["setup"].get("engine_profile") == profile)}
+
+
+def step_gap_s(row: Row, simulated: float) -> float:
+    """Published minus simulated time of one step, in seconds, on a row whose every step is one sequence's and
+    nothing else: an ITL row's gap itself; a batch-1 latency row's gap over its output length (one prefill step
+    gives the first token, one decode step each further token)."""
+    if row.metric == "mean_latency_ms":
+        if row.setup["batch_size"] != 1:
+            raise ValueError(f"{row.id}: a step gap needs batch 1")
+        return (row.value - simulated) / 1e3 / row.setup["output_len"]
+    return (row.value - simulated) / 1e3
 
 
 def fit_engine_step_s(path: Path = ROWS_PATH) -> float:
-    """vLLM V1's CPU time per step: the mean of published minus hardware-only ITL over the `engine_fit` rows."""
+    """vLLM V1's CPU time per step: the mean of published minus hardware-only ITL over its `engine_fit` rows (on the
+    built-in profiles; vLLM V0's constant is derived on the by-source candidate, benchmarks/fit_by_source.py)."""
     fit = engine_fit_ids(path)
-    gaps = [row.value - simulate(row) for row in load(path) if row.id in fit]
-    return sum(gaps) / len(gaps) / 1e3
+    gaps = [step_gap_s(row, simulate(row)) for row in load(path) if row.id in fit]
+    return sum(gaps) / len(gaps)
 
 
 def approximate_ids(path: Path = ROWS_PATH) -> set[str]:
@@ -200,9 +218,12 @@ def verdict(results: list[tuple[Row, float]]) -> str:
 
 def v1_line(results: list[tuple[Row, float, float]], fit: set[str]) -> str:
     """The held-out rows the engine profile prices (vLLM V1), on their own."""
-    errors = [abs(v / r.value - 1) for r, _, v in results if "engine_profile" in r.setup and r.id not in fit]
-    return (f"- the {len(errors)} held-out vLLM V1 rows alone: {sum(e <= WITHIN for e in errors)} within {WITHIN:.0%}, "
-            f"worst {max(errors):.0%} off (the vLLM V0 rows have no engine profile)")
+    errors = [abs(v / r.value - 1) for r, _, v in results if r.setup.get("engine_profile") == "vllm" and r.id not in fit]
+    v1 = (f"- the {len(errors)} held-out vLLM V1 rows alone: {sum(e <= WITHIN for e in errors)} within {WITHIN:.0%}, "
+          f"worst {max(errors):.0%} off")
+    v0 = [(r, v) for r, _, v in results if r.setup.get("engine_profile") == "vllm-v0" and r.id not in fit]
+    return v1 + "; the held-out vLLM V0 rows with V0's engine profile: " + ", ".join(
+        f"{short_version(r)} {v / r.value - 1:+.0%}" for r, v in v0)
 
 
 def machine_line() -> str:
@@ -226,6 +247,9 @@ published text it comes from, and what the simulation assumes:
   Llama-3-70B TP4.
 - vLLM 0.5.x, the v0.6.0 blog post (2024-09-05): "Llama3 8B can generate 1 token every 13 ms under light
   load" on an H100 (approximate: the workload is filled in).
+- vLLM V0 (0.5.1 to 0.6.1 by its script), Argonne's LLM-Inference-Bench (arXiv 2411.00136; its repository's
+  Plots/All_results.csv): `benchmark_latency` of Llama-3-8B on one H100 at batch 1, 128/128 to 2048/2048 tokens,
+  float16. These five rows are the fit rows of vLLM V0's engine profile (`engine_fit`), not judged.
 
 Left out: the performance and nightly benchmarks' ShareGPT throughput and serving tests (the simulator has no
 ShareGPT lengths) and the v0.6.0 post's comparisons (bar charts only)."""
@@ -259,7 +283,14 @@ long-context decode. The first is now an engine profile (sim/engine_profile.py, 
 one constant, 1.15 ms of CPU time per step, fitted on the two concurrency-1, 256-token H100 rows, brings the
 twelve held-out vLLM V1 rows to 11 within 15% (the B200's short-context rows from -43% to -13%; the 125k-token
 rows now lean the other way, +4% to +10%, the KV slope's excess no longer cancelled), worst the BF16 TTFT at -16%.
-The V0 rows keep their gaps: V0's per-step cost was larger and no V0 row isolates it."""
+V0 has an engine profile of its own now (`Simulator(engine="vllm-v0")`): 2.608 ms of CPU time per step, the
+mean gap of five batch-1 `benchmark_latency` rows of Llama-3-8B on an H100 from another source, Argonne's
+LLM-Inference-Bench (2.57 to 2.63 ms each from 128/128 to 2048/2048 tokens), derived on the by-source candidate
+(section "gpu-fit-by-source", where it replaces TensorRT-LLM's per-step time). Here it adds to each built-in
+profile's own: the 0.5 row goes from -59% to -39% (the rest is the API server that shared the engine's process
+before 0.6.0, which the LLM-class fit rows do not have), and the H200 rows get worse (+45% to +85%, +101% to
++117%: the built-in H200's fitted 3.9 ms of TensorRT-LLM step time and V0's both counted). On the candidate they
+are -5% and +6%."""
 
 
 def section(text: str) -> str:
@@ -287,13 +318,14 @@ def main(argv: list[str] | None = None) -> None:
         value, with_engine = simulate(row), simulate(row, with_engine=True)
         results.append((row, value, with_engine))
         print(f"[{i + 1}/{len(rows)}] {row.id}: {value:,.2f} / {with_engine:,.2f} vs {row.value:,.2f}", file=sys.stderr)
-    fit = engine_fit_ids()
+    fit = engine_fit_ids(profile=None)
     hardware_only = [(row, value) for row, value, _ in results]
     held_out = [(row, with_engine) for row, _, with_engine in results if row.id not in fit]
     text = "\n".join([machine_line(), "", "Hardware profiles alone:", "", summary(hardware_only),
                       verdict(hardware_only), "",
-                      f"With vLLM's engine profile on the V1 rows ({ENGINE_PROFILES['vllm'].step_overhead_s * 1e3:.3f} ms "
-                      f"per step, fitted on {len(fit)} rows; the {len(held_out)} others):", "", summary(held_out),
+                      f"With vLLM's engine profiles (V1 {ENGINE_PROFILES['vllm'].step_overhead_s * 1e3:.3f} ms per step, "
+                      f"V0 {ENGINE_PROFILES['vllm-v0'].step_overhead_s * 1e3:.3f} ms, added to each profile's own; "
+                      f"fitted on {len(fit)} rows; the {len(held_out)} others):", "", summary(held_out),
                       verdict(held_out), v1_line(results, fit), "", table(results, approximate_ids(), fit)])
     print(text)
     if not args.no_write and not args.only:

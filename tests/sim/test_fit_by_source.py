@@ -6,6 +6,7 @@ benchmarks/RESULTS.md's ("gpu-fit-by-source"); nothing here refits the real rows
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,14 +22,19 @@ from benchmarks.fit_by_source import (
     TERMS,
     document,
     fit,
+    group_of,
     holder,
     in_fit,
     profile,
 )
 from benchmarks.published import Prepared, Row, Run, Simulated, StepFeatures, load_rows, slow
 from core.arch_config import ArchConfig
+from core.config import EngineConfig
+from core.workload import Workload
 from sim.cost_model import CostModel
+from sim.engine_profile import ENGINE_PROFILES
 from sim.hardware import HardwareProfile, with_fit
+from sim.simulator import Simulator
 
 CANDIDATE = json.loads(OUT_PATH.read_text())
 PUBLISHED = load_rows()
@@ -88,6 +94,36 @@ def test_the_candidate_prices_steps_the_way_it_was_fitted():
         assert CostModel(ArchConfig.named("llama-3.1-8b"), loaded).combine == COMBINE
     # the built-in profiles stay on one max over the whole step
     assert HardwareProfile.named("h100-sxm").combine == "max"
+
+
+def test_vllm_v0_s_engine_step_is_its_five_batch_1_rows_by_hand():
+    """V0's constant, by its rule done by hand: each `engine_fit` row of profile vllm-v0 (one Llama-3-8B sequence on
+    an H100, so every step is one sequence's) simulated on the candidate's H100 without TensorRT-LLM's per-step
+    time; published minus simulated latency over the output length is one step's CPU time; the constant is their
+    mean. It is what sim/engine_profile.py holds and what the candidate file records."""
+    h100 = with_fit(HardwareProfile.named("h100-sxm"), CANDIDATE)
+    bare = replace(h100, step_overhead_s=0.0)
+    gaps = []
+    for row in (r for r in VLLM if r.id in vllm_published.engine_fit_ids(profile="vllm-v0")):
+        s = row.setup
+        sim = Simulator(s["model"], bare, EngineConfig(**s["engine"]), dtype=s["dtype"],
+                        tensor_parallel_size=s["tensor_parallel_size"], kv_cache_dtype=s["kv_cache_dtype"])
+        seconds = sim.run(Workload.synthetic(1, s["input_len"], s["output_len"])).duration
+        gaps.append((row.value / 1e3 - seconds) / s["output_len"])
+    assert len(gaps) == 5 and max(gaps) - min(gaps) < 0.1e-3  # one constant: 2.57 to 2.63 ms at 128 to 2048 tokens
+    v0 = sum(gaps) / len(gaps)
+    assert ENGINE_PROFILES["vllm-v0"].step_overhead_s == pytest.approx(v0, rel=5e-4)
+    assert CANDIDATE["vllm_v0_engine_step_overhead_s"]["value"] == pytest.approx(v0, rel=5e-4)
+
+
+def test_vllm_v0_s_fit_rows_never_reach_a_fit_or_a_count():
+    fit_rows = [r for r in VLLM if r.id in vllm_published.engine_fit_ids(profile="vllm-v0")]
+    assert len(fit_rows) == 5 and not any(in_fit(r) for r in fit_rows)
+    assert {document(r) for r in fit_rows}.isdisjoint(document(r) for r in PUBLISHED + VLLM if r not in fit_rows)
+    every_fit = vllm_published.engine_fit_ids(profile=None)
+    # the tables count a row as held out only if its group is not an engine fit's
+    assert all(group_of(r, every_fit).endswith("(engine fit)") for r in fit_rows)
+    assert not any(group_of(r, every_fit).endswith("(engine fit)") for r in VLLM if r.id not in every_fit)
 
 
 def test_the_results_section_is_there():

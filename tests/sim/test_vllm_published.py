@@ -20,6 +20,7 @@ from benchmarks.vllm_published import (
     fit_engine_step_s,
     load,
     simulate,
+    step_gap_s,
 )
 from core.arch_config import KNOWN_MODELS, ArchConfig
 from core.config import EngineConfig
@@ -81,11 +82,43 @@ def test_the_engine_profile_is_fitted_on_two_short_context_h100_rows_and_reprodu
     assert significant(ENGINE_PROFILES["vllm"].step_overhead_s, 4) == significant(fit_engine_step_s(), 4)
 
 
-def test_an_engine_profile_adds_its_overhead_to_every_step():
+@pytest.mark.parametrize("name", ["vllm", "vllm-v0"])
+def test_an_engine_profile_adds_its_overhead_to_every_step(name):
     workload = Workload.synthetic(3, 64, 8)
-    plain, vllm = (Simulator("llama-3.1-8b", "h100-sxm", EngineConfig(), engine=e).run(workload) for e in (None, "vllm"))
-    overhead = ENGINE_PROFILES["vllm"].step_overhead_s
+    plain, vllm = (Simulator("llama-3.1-8b", "h100-sxm", EngineConfig(), engine=e).run(workload) for e in (None, name))
+    overhead = ENGINE_PROFILES[name].step_overhead_s
     assert [s.duration - overhead for s in vllm.steps] == pytest.approx([s.duration for s in plain.steps], abs=1e-12)
     assert repr([s.query_lens for s in vllm.steps]) == repr([s.query_lens for s in plain.steps])  # same schedule
-    with pytest.raises(ValueError, match="unknown engine profile 'sglang'; known: vllm"):
+    with pytest.raises(ValueError, match="unknown engine profile 'sglang'; known: vllm, vllm-v0"):
         Simulator("llama-3.1-8b", "h100-sxm", engine="sglang")
+
+
+# ---- vLLM V0's engine profile: fitted on another source's batch-1 rows, never on the V0 rows it prices ----
+
+V0_FIT_PREFIX = "vllm-v0-llm-inference-bench/"
+
+
+def test_v0_engine_fit_rows_are_batch_1_h100_rows_of_a_source_other_than_the_v0_rows_they_price():
+    fit = engine_fit_ids(profile="vllm-v0")
+    assert len(fit) == 5 and all(i.startswith(V0_FIT_PREFIX) for i in fit)
+    assert engine_fit_ids(profile=None) == engine_fit_ids() | fit  # V1's two rows are V1's alone
+    by_id = {r["id"]: r for r in RAW}
+    for i in fit:
+        r = by_id[i]
+        s = r["setup"]
+        assert r["engine_fit"] is True and r["fit"] is False and s["engine_profile"] == "vllm-v0"
+        assert s["mode"] == "latency" and s["batch_size"] == 1 and s["gpu"] == "h100-sxm", i
+        assert s["input_len"] == s["output_len"] and "argonne-lcf/LLM-Inference-Bench" in r["source"], i
+    priced = [r for r in RAW if r["setup"].get("engine_profile") == "vllm-v0" and r["id"] not in fit]
+    assert {r["id"].split("/", 1)[0] for r in priced} == {"vllm-0.5", "vllm-main-2024-10"}
+    # no fit row comes from the documents of the rows the profile prices (the v0.6.0 post, the Buildkite build)
+    assert not any("blog.vllm.ai" in by_id[i]["source"] or "buildkite" in by_id[i]["source"] for i in fit)
+    assert not any(r.get("engine_fit") for r in priced)
+
+
+def test_a_latency_row_s_step_gap_is_its_gap_over_its_output_length():
+    row = next(r for r in load() if r.id.startswith(V0_FIT_PREFIX))
+    assert step_gap_s(row, row.value - 2.0 * row.setup["output_len"]) == pytest.approx(2e-3)
+    batched = next(r for r in load() if r.id == SMALL_ROW)
+    with pytest.raises(ValueError, match="batch 1"):
+        step_gap_s(batched, batched.value)
