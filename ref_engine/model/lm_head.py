@@ -11,8 +11,8 @@ eval set. Logits decide every token, so the head screens instead of replacing:
 2. a bound `b_v` on each row's error `|y_v - a_v|` (below), from quantities known before the step;
 3. the candidates: every v with `a_v + b_v >= max_u (a_u - b_u)`. The true argmax v* is always one of them,
    since `a_v* + b_v* >= y_v* >= y_u >= a_u - b_u` for every u;
-4. exact float32 logits `x . w_v` for the candidates (a handful of rows: 13 at the median on the eval set),
-   written over their approximations.
+4. exact float32 logits `x . w_v` for the candidates (a handful of rows: 2-22 at the median per row on an eval
+   prompt's states), written over their approximations.
 
 So the argmax of the returned logits is the float32 head's (to float32's summation order; step 3 puts every
 non-candidate strictly below y_v*), and greedy decoding, the eval set's agreement and greedy speculation are
@@ -28,12 +28,13 @@ u = 2^-8 (bfloat16's unit roundoff), e_v = max_i |w_vi - s_v q_vi| and m_v = max
                  + ||x||_1 m_v (u + (H + 1) 2^-24)    x rounded to bfloat16; float32 sums and the scale
                  + u / (1 - u) |a_v|                  the output rounded to bfloat16
 
-Hoelder's inequality, term by term; e_v and m_v are computed once at load. On the eval set the largest error
-seen was 0.13 of its bound (tests/engine/test_lm_head.py checks actual <= bound on SmolLM2's real rows).
+Hoelder's inequality, term by term; e_v and m_v are computed once at load. The largest error measured is 0.11-0.12
+of its bound (`benchmarks/engine_speed.py --kernels`); tests/engine/test_lm_head.py checks actual <= bound on
+SmolLM2's real rows.
 
 Speed (benchmarks/RESULTS.md, "The screened LM head"): the head is cheaper than float32's up to ~16-32 rows
 (its kernel widens every weight for every row, the roofline again), which covers decode at the batches where
-the head's bytes matter; at 64 rows it costs about twice float32's head, a few percent of such a step.
+the head's bytes matter; at 64 rows it costs about 1.6x float32's head, under a tenth of such a step.
 
 Lesson: lessons/07-tuning-knobs.md#numerics.
 """
