@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 
 from core.metrics import RequestRecord, RunMetrics, StepTally
-from core.request import Request, RequestStatus
+from core.request import Request
 
 
 class InterTokenGaps:
@@ -142,8 +142,9 @@ class MetricsStream:
         self.gaps.step(end)
 
     def finished(self, request: Request) -> None:
-        self.rows[self._slots.pop(request.request_id)] = RequestRecord.from_request(request, keep_token_times=False)
-        if request.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH):
+        row = RequestRecord.from_request(request, keep_token_times=False)
+        self.rows[self._slots.pop(request.request_id)] = row
+        if row.finished:  # completed, as a kept run counts its gaps
             self.gaps.add(request.token_times)
 
     def metrics(self, num_failed: int = 0) -> RunMetrics:
