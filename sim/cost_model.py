@@ -341,7 +341,6 @@ class CostModel:
         self.tensor_parallel_size = tensor_parallel_size
         self.block_size = block_size
         self.combine = combine
-        self._by_kernel = combine == "kernels"  # read per step: one attribute, not a string comparison
 
         b = dtype_bytes(dtype)
         self.activation_dtype = activation_dtype(dtype, hardware)
@@ -410,9 +409,16 @@ class CostModel:
         activations = self._activation_bytes_per_token * tokens + self._activation_bytes_per_logit_row * rows
         return linear, attention, weights, kv_read, kv_write, activations, packed
 
-    def _combine(self, compute_s: float, memory_s: float) -> float:
-        """The "max" or "sum" form's core of a step (the "kernels" form is `_by_kernels`)."""
-        return max(compute_s, memory_s) if self.combine == "max" else compute_s + memory_s
+    def _core(self, compute_s: float, memory_s: float, attention_compute_s: float, attention_memory_s: float
+              ) -> tuple[float, Literal["compute", "memory"]]:
+        """A step's compute and memory times combined in the profile's form, and its bound (module docstring).
+        `compute_s` and `memory_s` are the step's totals; the attention's shares of them matter only to
+        "kernels", whose linear layers have the rest."""
+        if self.combine == "kernels":
+            return self._by_kernels(compute_s - attention_compute_s, memory_s - attention_memory_s,
+                                    attention_compute_s, attention_memory_s)
+        bound: Literal["compute", "memory"] = "compute" if compute_s >= memory_s else "memory"
+        return (max(compute_s, memory_s) if self.combine == "max" else compute_s + memory_s), bound
 
     @staticmethod
     def _by_kernels(linear_compute_s: float, linear_memory_s: float, attention_compute_s: float,
@@ -484,71 +490,33 @@ class CostModel:
         pp = self._packing_passes
         comm_s = self._comm_s(tokens)
         overhead_s = self._overhead_s(shape.num_seqs, tokens, blocks)
-        if self._by_kernel:  # its own method, so that the "max" and "sum" forms pay one test per step and no more
-            return self._breakdown_by_kernel(shape, tokens, blocks, (linear, attention, weights, kv_read, kv_write,
-                                                                     activations), (head_flops, head_bytes, head_packed),
-                                             comm_s, overhead_s)
+        attention_compute_s = attention * self._seconds_per_attention_flop
+        attention_memory_s = (kv_read + kv_write) * self._seconds_per_byte
         if self._sharing == 1.0:  # every rank on cores (or a device) of its own: no turns
             turns = 1.0
-            compute_s = (linear + head_flops) * self._seconds_per_flop + attention * self._seconds_per_attention_flop
+            compute_s = (linear + head_flops) * self._seconds_per_flop + attention_compute_s
             memory_s = (weights + kv_read + kv_write + activations + head_bytes + pp * head_packed
                         ) * self._seconds_per_byte
         else:  # the LM head at its own rate (`_lm_head_extra`) and outside the turns: rank 0 runs it alone
             own_flops, own_bytes, own_packed = self._lm_head_own(shape)
             head_compute_s = (own_flops + head_flops) * self._seconds_per_flop
             head_memory_s = (own_bytes + pp * own_packed + head_bytes + pp * head_packed) * self._seconds_per_byte
-            layers_compute_s = ((linear - own_flops) * self._seconds_per_flop
-                                + attention * self._seconds_per_attention_flop)
+            layers_compute_s = (linear - own_flops) * self._seconds_per_flop + attention_compute_s
             layers_memory_s = (weights + kv_read + kv_write + activations - own_bytes - pp * own_packed
                                ) * self._seconds_per_byte
-            turns = self.turn_factor(self._combine(layers_compute_s, layers_memory_s), overhead_s)
+            layers_s, _ = self._core(layers_compute_s, layers_memory_s, attention_compute_s, attention_memory_s)
+            turns = self.turn_factor(layers_s, overhead_s)
             compute_s = layers_compute_s * turns + head_compute_s
             memory_s = layers_memory_s * turns + head_memory_s
+            attention_compute_s *= turns
+            attention_memory_s *= turns
             overhead_s *= self._sharing * turns
-        core = self._combine(compute_s, memory_s)
+        core, bound = self._core(compute_s, memory_s, attention_compute_s, attention_memory_s)
         return StepCost(
             num_seqs=shape.num_seqs, num_tokens=tokens, num_blocks=blocks,
             linear_flops=linear, attention_flops=attention, weight_bytes=weights, kv_read_bytes=kv_read,
             kv_write_bytes=kv_write, activation_bytes=activations, compute_s=compute_s, memory_s=memory_s,
-            comm_s=comm_s, overhead_s=overhead_s, total_s=core + comm_s + overhead_s,
-            bound="compute" if compute_s >= memory_s else "memory", tp_turns=turns,
-        )
-
-    def _breakdown_by_kernel(self, shape: BatchShape, tokens: int, blocks: int,
-                             step: tuple[float, float, float, float, float, float],
-                             head_extra: tuple[float, float, float], comm_s: float, overhead_s: float) -> StepCost:
-        """`breakdown` under combine="kernels": the same FLOPs, bytes, rates and turns, with the linear layers (the
-        LM head among them) and attention each on a roofline of their own, in turn (module docstring).
-        `step`: (linear, attention FLOPs, weight, KV read, KV write, activation bytes), weights with their packing
-        passes; `head_extra`: `_lm_head_extra`'s."""
-        linear, attention, weights, kv_read, kv_write, activations = step
-        head_flops, head_bytes, head_packed = head_extra
-        pp, per_byte, per_flop = self._packing_passes, self._seconds_per_byte, self._seconds_per_flop
-        attention_compute_s = attention * self._seconds_per_attention_flop
-        attention_memory_s = (kv_read + kv_write) * per_byte
-        if self._sharing == 1.0:  # no turns
-            turns = 1.0
-            linear_compute_s = (linear + head_flops) * per_flop
-            linear_memory_s = (weights + activations + head_bytes + pp * head_packed) * per_byte
-        else:  # the layers' share stretched by the turns, the LM head's (rank 0 alone, its own rate) added after
-            own_flops, own_bytes, own_packed = self._lm_head_own(shape)
-            layers_compute_s = (linear - own_flops) * per_flop
-            layers_memory_s = (weights + activations - own_bytes - pp * own_packed) * per_byte
-            layers_s = self._by_kernels(layers_compute_s, layers_memory_s, attention_compute_s, attention_memory_s)[0]
-            turns = self.turn_factor(layers_s, overhead_s)
-            linear_compute_s = layers_compute_s * turns + (own_flops + head_flops) * per_flop
-            linear_memory_s = layers_memory_s * turns + (own_bytes + pp * own_packed + head_bytes + pp * head_packed
-                                                         ) * per_byte
-            attention_compute_s *= turns
-            attention_memory_s *= turns
-            overhead_s *= self._sharing * turns
-        core, bound = self._by_kernels(linear_compute_s, linear_memory_s, attention_compute_s, attention_memory_s)
-        return StepCost(
-            num_seqs=shape.num_seqs, num_tokens=tokens, num_blocks=blocks,
-            linear_flops=linear, attention_flops=attention, weight_bytes=weights, kv_read_bytes=kv_read,
-            kv_write_bytes=kv_write, activation_bytes=activations, compute_s=linear_compute_s + attention_compute_s,
-            memory_s=linear_memory_s + attention_memory_s, comm_s=comm_s, overhead_s=overhead_s,
-            total_s=core + comm_s + overhead_s, bound=bound, tp_turns=turns,
+            comm_s=comm_s, overhead_s=overhead_s, total_s=core + comm_s + overhead_s, bound=bound, tp_turns=turns,
         )
 
     def block_copy_time(self, num_swapped: int, num_copied: int) -> float:
