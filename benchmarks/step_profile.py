@@ -16,7 +16,9 @@ and files every top-level operator under the engine function that called it:
 
 What no operator accounts for, wall time less every operator's time and less the core, is Python and
 dispatch in the runner and the model ("Python, runner and model"). Operator times are taken under the
-profiler, which inflates them a little, so that line is a lower bound. Prints a markdown table for
+profiler, which inflates them a little, so that line is a lower bound. It also counts the top-level operators
+a step runs and times the cheapest one eager torch can run here (adding two hidden-size vectors into a third):
+their product is what dispatch alone costs a step, before any arithmetic. Prints a markdown table for
 benchmarks/RESULTS.md ("Where a step's time goes"). A benchmark, not a test.
 """
 
@@ -147,16 +149,32 @@ def median_wall(run: Callable[[], None], repeats: int) -> float:
     return sorted(walls)[len(walls) // 2]
 
 
-def seconds_by_category(run: Callable[[], None], repeats: int) -> dict[str, float]:
-    """Seconds per call of `run` in each category, from `repeats` calls under torch.profiler."""
+def seconds_by_category(run: Callable[[], None], repeats: int) -> tuple[dict[str, float], float]:
+    """Seconds per call of `run` in each category, and top-level operators per call, from `repeats` calls
+    under torch.profiler."""
     per_category = dict.fromkeys(CATEGORIES, 0.0)
+    operators = 0
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
         for _ in range(repeats):
             run()
     for event in prof.events():
         if is_operator(event) and top_level(event):
             per_category[category(event)] += event.cpu_time_total / 1e6 / repeats
-    return per_category
+            operators += 1
+    return per_category, operators / repeats
+
+
+def cheapest_operator_us(hidden_size: int, calls: int = 20_000) -> float:
+    """Microseconds of one eager `torch.add(a, b, out=c)` on hidden-size float32 vectors: dispatch, nearly no
+    arithmetic. The best of five rounds, so a busy machine overstates it less."""
+    a, b, c = torch.randn(hidden_size), torch.randn(hidden_size), torch.empty(hidden_size)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            torch.add(a, b, out=c)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best * 1e6
 
 
 def breakdown(run: Callable[[], None], engine: LLMEngine, steps: int) -> dict[str, float]:
@@ -166,11 +184,12 @@ def breakdown(run: Callable[[], None], engine: LLMEngine, steps: int) -> dict[st
     core_timed(engine, seconds)
     wall = median_wall(run, steps)
     core = seconds["core"] / steps
-    per_category = seconds_by_category(run, steps)
+    per_category, operators = seconds_by_category(run, steps)
     result = {name: per_category[name] * 1e3 for name in CATEGORIES}
     result["core (schedule + update)"] = core * 1e3
     result["Python, runner and model"] = max(0.0, wall - sum(per_category.values()) - core) * 1e3
     result["wall"] = wall * 1e3
+    result["top-level operators"] = operators
     return result
 
 
@@ -196,15 +215,19 @@ def main() -> None:
         columns[f"decode, batch {batch}"] = breakdown(engine.step, engine, args.steps)
     engine, run = prefill_step(loaded, args.kv_cache_dtype)
     columns["prefill, 512 tokens"] = breakdown(run, engine, max(2, args.steps // 2))
-    rows = [*CATEGORIES, "core (schedule + update)", "Python, runner and model", "wall"]
+    rows = [*CATEGORIES, "core (schedule + update)", "Python, runner and model", "wall", "top-level operators"]
     print("\n| ms per step | " + " | ".join(columns) + " |")
     print("| --- |" + " --- |" * len(columns))
     for row in rows:
         cells = []
         for values in columns.values():
-            share = "" if row == "wall" else f" ({values[row] / values['wall']:.0%})"
-            cells.append(f"{values[row]:.1f}{share}")
+            share = "" if row in ("wall", "top-level operators") else f" ({values[row] / values['wall']:.0%})"
+            cells.append(f"{values[row]:.0f}" if row == "top-level operators" else f"{values[row]:.1f}{share}")
         print(f"| {row} | " + " | ".join(cells) + " |")
+    dispatch_us = cheapest_operator_us(loaded.arch.hidden_size)
+    print(f"\nthe cheapest eager operator here: {dispatch_us:.1f} us; so dispatch alone, before any arithmetic: "
+          + ", ".join(f"{name} {values['top-level operators'] * dispatch_us / 1e3:.1f} ms"
+                      for name, values in columns.items()))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@
     python benchmarks/throughput.py --paths bfloat16 --batch-sizes 16 32 64   # each path and transformers at each
                                                                               # batch size; the ratio against
                                                                               # transformers' best of all
+    python benchmarks/throughput.py --split bfloat16 --batch-size 64   # the same workload split into its prompts
+                                                                       # and its decodes: what the engine's own
+                                                                       # kernels leave room for
 
 Prints one table; copy it with the machine and the command into benchmarks/RESULTS.md.
 Each system produces exactly the workload's output lengths (ignore_eos); transformers runs each static
@@ -16,6 +19,7 @@ batch until its longest member is done, and only the tokens a request asked for 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import time
 
@@ -51,6 +55,33 @@ PATHS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "int8": (
          "int4": ("float32", "int4")}  # path -> (dtype, quantization), as the manifest's engine keys set them
 
 
+def split(workload: Workload) -> tuple[Workload, Workload]:
+    """The workload's prompts alone (each request asks for one token) and its decodes alone (each request's own
+    output length after a one-token prompt): the two halves a continuous engine interleaves."""
+    prompts = tuple(dataclasses.replace(w, output_len=1) for w in workload.requests)
+    decodes = tuple(dataclasses.replace(w, prompt_len=1) for w in workload.requests)
+    return dataclasses.replace(workload, requests=prompts), dataclasses.replace(workload, requests=decodes)
+
+
+def split_rows(workload: Workload, config: EngineConfig, path: str, transformers_batch: int) -> dict:
+    """The engine on the whole workload, on its prompts alone and on its decodes alone, and transformers' static
+    batches (bfloat16) on the whole. The halves' sum is about the least a scheduler can make of these kernels: the
+    whole needs every prompt row and every decode row (decodes then read longer contexts), and interleaving saves
+    only what the decode rows that ride in a prompt's step would have cost on their own."""
+    dtype, quantization = PATHS[path]
+    model = load_model(None, dtype=dtype, quantization=quantization)
+    prompts, decodes = split(workload)
+    rows = {}
+    for name, part in [("whole workload", workload), ("prompts alone (1 output token each)", prompts),
+                       ("decodes alone (1-token prompts, the same outputs)", decodes)]:
+        m = bench.run(part, config, model=model)
+        rows[f"engine continuous, {path}, {name}"] = {"duration": m.duration, "output_throughput": m.output_throughput}
+    del model
+    rows[f"transformers generate (static), bfloat16, batch {transformers_batch}, whole workload"] = \
+        transformers_static(workload, 49152, transformers_batch, torch.bfloat16)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -59,14 +90,24 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--batch-sizes", type=int, nargs="+",
                         help="with --paths: run every path and transformers at each of these batch sizes")
+    parser.add_argument("--split", choices=list(PATHS),
+                        help="one path at --batch-size: the whole workload, its prompts alone and its decodes alone; "
+                             "transformers bfloat16 at --transformers-batch-size")
+    parser.add_argument("--transformers-batch-size", type=int, default=32,
+                        help="with --split: transformers' batch (32 was its best, benchmarks/RESULTS.md)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="the engine's token budget a step")
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
     workload = Workload.synthetic(args.num_requests, prompt_len=(32, 512), output_len=(16, 256), seed=args.seed)
-    config = EngineConfig(max_num_seqs=args.batch_size, max_num_batched_tokens=512, num_kv_blocks=2048)
+    config = EngineConfig(max_num_seqs=args.batch_size, max_num_batched_tokens=args.max_num_batched_tokens,
+                          num_kv_blocks=2048)
     rows = {}
-    if args.paths:
+    if args.split:
+        config = config.replace(max_num_seqs=args.batch_size, num_kv_blocks=max(2048, 48 * args.batch_size))
+        rows = split_rows(workload, config, args.split, args.transformers_batch_size)
+    elif args.paths:
         batch_sizes = args.batch_sizes or [args.batch_size]
         label = (lambda b: f", batch {b}") if len(batch_sizes) > 1 else (lambda b: "")
         for path in args.paths:
@@ -91,10 +132,17 @@ def main() -> None:
             workload, 49152, args.batch_size, getattr(torch, args.dtype))
 
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}, " + (f"paths {' '.join(args.paths)}" if args.paths else f"dtype {args.dtype}"))
+          f"torch {torch.__version__}, " + (f"path {args.split}" if args.split else f"paths {' '.join(args.paths)}"
+                                            if args.paths else f"dtype {args.dtype}"))
     print(f"workload: {args.num_requests} requests, prompts 32-512, outputs 16-256 (seed {args.seed}), "
           f"{workload.total_output_tokens} output tokens, batch size "
-          f"{' '.join(map(str, args.batch_sizes)) if args.paths and args.batch_sizes else args.batch_size}")
+          f"{' '.join(map(str, args.batch_sizes)) if args.paths and args.batch_sizes else args.batch_size}, "
+          f"token budget {args.max_num_batched_tokens}")
+    if args.split:
+        halves = [r["duration"] for name, r in rows.items() if "alone" in name]
+        best = min(r["duration"] for name, r in rows.items() if name.startswith("transformers"))
+        print(f"prompts alone + decodes alone: {sum(halves):.1f} s, at most {best / sum(halves):.2f}x transformers' "
+              f"{best:.1f} s (less what rides free in the prompts' steps)")
     print("| system | duration (s) | output tok/s | vs transformers' best |")
     print("| --- | --- | --- | --- |")
     ref = max(r["output_throughput"] for name, r in rows.items() if name.startswith("transformers"))
