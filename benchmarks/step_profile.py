@@ -1,7 +1,7 @@
 """Where one engine step's time goes: decode steps at batch 1, 16 and 64, and one 512-token prefill.
 
     python benchmarks/step_profile.py [--dtype float32] [--quantization int8] [--kv-cache-dtype bfloat16]
-                                      [--steps 8] [--batches 1 16 64] [--threads N]
+                                      [--steps 8] [--batches 1 16 64] [--context 128] [--threads N]
 
 For each shape it times steps without a profiler (the wall time per step, and within it the core's
 `schedule` and `update_from_output`), then runs the same steps under `torch.profiler` with Python stacks
@@ -47,6 +47,7 @@ CATEGORY_OF_FUNCTION = {
     "compute_logits": "matmuls",
     "paged_attention": "attention",
     "_decode_attention": "attention",
+    "_gather_decode_kv": "attention",
     "write_kv_cache": "attention",
     "__post_init__": "attention",  # AttentionMetadata's per-step derived tensors
     "build": "attention",
@@ -96,14 +97,15 @@ def top_level(event: FunctionEvent) -> bool:
     return True
 
 
-def decode_engine(loaded: LoadedModel, batch: int, kv_cache_dtype: str, enforce_eager: bool = True) -> LLMEngine:
-    """An engine with `batch` requests of 128 prompt tokens, all prefilled in its first step, so every
+def decode_engine(loaded: LoadedModel, batch: int, kv_cache_dtype: str, enforce_eager: bool = True,
+                  context: int = 128) -> LLMEngine:
+    """An engine with `batch` requests of `context` prompt tokens, all prefilled in its first step, so every
     later step decodes one token for each."""
-    engine = LLMEngine(loaded, max_num_seqs=batch, max_num_batched_tokens=128 * batch, enable_prefix_caching=False,
+    engine = LLMEngine(loaded, max_num_seqs=batch, max_num_batched_tokens=context * batch, enable_prefix_caching=False,
                        kv_cache_dtype=kv_cache_dtype, enforce_eager=enforce_eager)
     params = SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True)
     for i in range(batch):
-        engine.add_request(f"r{i}", [1000 + (17 * i + 31 * j) % 20000 for j in range(128)], params)
+        engine.add_request(f"r{i}", [1000 + (17 * i + 31 * j) % 20000 for j in range(context)], params)
     engine.step()
     return engine
 
@@ -200,6 +202,7 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--context", type=int, default=128, help="the decode requests' prompt length")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
     if args.threads:
@@ -207,11 +210,12 @@ def main() -> None:
     loaded = load_model(None, dtype=args.dtype, quantization=args.quantization)
     print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; {loaded.model_id}, dtype {args.dtype}, "
-          f"quantization {args.quantization}, kv_cache_dtype {args.kv_cache_dtype}; median wall of {args.steps} "
+          f"quantization {args.quantization}, kv_cache_dtype {args.kv_cache_dtype}, decode context {args.context}; "
+          f"median wall of {args.steps} "
           "steps, categories from torch.profiler")
     columns: dict[str, dict[str, float]] = {}
     for batch in args.batches:
-        engine = decode_engine(loaded, batch, args.kv_cache_dtype)
+        engine = decode_engine(loaded, batch, args.kv_cache_dtype, context=args.context)
         columns[f"decode, batch {batch}"] = breakdown(engine.step, engine, args.steps)
     engine, run = prefill_step(loaded, args.kv_cache_dtype)
     columns["prefill, 512 tokens"] = breakdown(run, engine, max(2, args.steps // 2))

@@ -60,6 +60,11 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None = field(default=None, repr=False)  # [num_decodes, blocks needed]
     decode_key_mask: torch.Tensor | None = field(default=None, repr=False)  # [num_decodes, 1, 1, max_ctx]
     prefill_reqs: list[tuple[int, int]] = field(default_factory=list, repr=False)  # (request, first row), query_len > 1
+    # The decode rows' gathered K/V by dtype, made by the step's first layer and refilled by every later one (each
+    # layer is done with it before the next starts). A fresh tensor per layer costs more than the copy once it
+    # passes glibc's 32 MB mmap threshold: mapped, page-faulted and unmapped again in every layer
+    # (benchmarks/RESULTS.md, "decode-gather-buffer").
+    decode_kv: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.decode_key_mask is not None:  # given whole by `fixed_decode`
@@ -232,9 +237,25 @@ def _decode_attention(q: torch.Tensor, kv_cache_layer: torch.Tensor, meta: Atten
     """Attention of the decode rows `q` `[B, Hq, D]` (one per decode request, in order) in one batched call."""
     num_decodes, num_blocks = meta.decode_block_tables.shape
     num_kv_heads, head_dim = kv_cache_layer.shape[3:]
-    kv = kv_cache_layer.index_select(1, meta.decode_block_tables.flatten()).to(q.dtype)
+    kv = _gather_decode_kv(kv_cache_layer, meta, q.dtype)
     kv = kv.view(2, num_decodes, num_blocks * meta.block_size, num_kv_heads, head_dim).transpose(2, 3)
     # GQA without copying K/V per query head: the G query heads sharing a KV head become G query rows.
     q = q.view(num_decodes, num_kv_heads, -1, head_dim)  # [B, Hkv, G, D]
     o = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=meta.decode_key_mask, scale=scale)
     return o.reshape(num_decodes, -1, head_dim)
+
+
+def _gather_decode_kv(kv_cache_layer: torch.Tensor, meta: AttentionMetadata, dtype: torch.dtype) -> torch.Tensor:
+    """Every decode request's blocks of this layer, `[2, rows * blocks, block_size, Hkv, D]` in `dtype`, written
+    into the step's buffers (`AttentionMetadata.decode_kv`): one in the cache's dtype, and one in `dtype` when
+    the cache is stored narrower (`kv_cache_dtype`)."""
+    blocks = meta.decode_block_tables.flatten()
+    shape = (2, blocks.numel(), *kv_cache_layer.shape[2:])
+
+    def buffer(of: torch.dtype) -> torch.Tensor:
+        if of not in meta.decode_kv:
+            meta.decode_kv[of] = kv_cache_layer.new_empty(shape, dtype=of)
+        return meta.decode_kv[of]
+
+    gathered = torch.index_select(kv_cache_layer, 1, blocks, out=buffer(kv_cache_layer.dtype))
+    return gathered if dtype == kv_cache_layer.dtype else buffer(dtype).copy_(gathered)
