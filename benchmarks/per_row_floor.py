@@ -1,7 +1,7 @@
 """What one decode row of one step costs in CPython at the least: the floor under the core scheduler's speed.
 
     python benchmarks/per_row_floor.py [--rows 256] [--steps 2000]
-    python benchmarks/per_row_floor.py --fleet-steps 8673221 --fleet-rows 29600000   # a whole fleet run's floor
+    python benchmarks/per_row_floor.py --fleet-steps 8673221 --fleet-rows 28078200   # a whole fleet run's floor
 
 The simulator's speed is the core scheduler's per-row work: `benchmarks/sim_speed.py` runs 2.58 million
 request-steps (a request scheduled in a step), and the scheduler, its output rows and the step's update take

@@ -55,6 +55,11 @@ PATHS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "int8": (
          "int4": ("float32", "int4")}  # path -> (dtype, quantization), as the manifest's engine keys set them
 
 
+def at_batch(config: EngineConfig, batch: int) -> EngineConfig:
+    """`config` at `batch` sequences, with a pool that holds every member's whole sequence (no preemption)."""
+    return config.replace(max_num_seqs=batch, num_kv_blocks=max(2048, 48 * batch))
+
+
 def split(workload: Workload) -> tuple[Workload, Workload]:
     """The workload's prompts alone (each request asks for one token) and its decodes alone (each request's own
     output length after a one-token prompt): the two halves a continuous engine interleaves."""
@@ -105,16 +110,15 @@ def main() -> None:
                           num_kv_blocks=2048)
     rows = {}
     if args.split:
-        config = config.replace(max_num_seqs=args.batch_size, num_kv_blocks=max(2048, 48 * args.batch_size))
-        rows = split_rows(workload, config, args.split, args.transformers_batch_size)
+        rows = split_rows(workload, at_batch(config, args.batch_size), args.split, args.transformers_batch_size)
     elif args.paths:
         batch_sizes = args.batch_sizes or [args.batch_size]
         label = (lambda b: f", batch {b}") if len(batch_sizes) > 1 else (lambda b: "")
         for path in args.paths:
             dtype, quantization = PATHS[path]
             model = load_model(None, dtype=dtype, quantization=quantization)
-            for b in batch_sizes:  # a pool that holds every member's whole sequence: no preemption at any size
-                m = bench.run(workload, config.replace(max_num_seqs=b, num_kv_blocks=max(2048, 48 * b)), model=model)
+            for b in batch_sizes:
+                m = bench.run(workload, at_batch(config, b), model=model)
                 rows[f"engine continuous, {path}{label(b)}"] = {"duration": m.duration,
                                                                 "output_throughput": m.output_throughput}
             del model

@@ -13,6 +13,7 @@ import random
 import pytest
 import torch
 
+from core.math_utils import cdiv
 from ref_engine.attention import AttentionMetadata, paged_attention
 
 BLOCK_SIZE, NUM_BLOCKS, KV_HEADS, GROUP, HEAD_DIM, LAYERS = 4, 64, 2, 3, 8, 3
@@ -22,7 +23,7 @@ def decode_step(seq_lens: list[int], rng: random.Random) -> AttentionMetadata:
     """A pure decode step: each request's blocks drawn without repeats from the pool."""
     free = list(range(1, NUM_BLOCKS))
     rng.shuffle(free)
-    tables = [[free.pop() for _ in range(-(-n // BLOCK_SIZE))] for n in seq_lens]
+    tables = [[free.pop() for _ in range(cdiv(n, BLOCK_SIZE))] for n in seq_lens]
     return AttentionMetadata.build([1] * len(seq_lens), seq_lens, tables, BLOCK_SIZE)
 
 
@@ -30,7 +31,7 @@ def reference(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata, sca
     """Softmax attention one request at a time over its own keys, read block by block, in float64."""
     rows = []
     for r, seq_len in enumerate(meta.seq_lens_list):
-        blocks = meta.block_tables[r, : -(-seq_len // BLOCK_SIZE)]
+        blocks = meta.block_tables[r, : cdiv(seq_len, BLOCK_SIZE)]
         k, v = (cache[i][blocks].flatten(0, 1)[:seq_len].double() for i in (0, 1))  # [seq_len, Hkv, D]
         qr = q[r].double().view(KV_HEADS, GROUP, HEAD_DIM)
         weights = torch.softmax(torch.einsum("hgd,shd->hgs", qr, k) * scale, dim=-1)
